@@ -1,0 +1,163 @@
+//! Little-endian primitive encoding shared by every message.
+
+use bytes::Bytes;
+
+/// Why a frame or message could not be decoded. Every variant closes only the connection
+/// that sent it; none of them is a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("message truncated: needed {needed} more bytes at offset {offset}")]
+    Truncated { offset: usize, needed: usize },
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    #[error("frame length {0} exceeds the limit of {1} bytes")]
+    TooLong(u64, u64),
+    #[error("frame length {0} is shorter than a frame header")]
+    TooShort(u32),
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("unknown operation {0}")]
+    UnknownOp(u16),
+    #[error("invalid value {value} for {field}")]
+    Invalid { field: &'static str, value: u64 },
+    #[error("bad magic: this peer does not speak the Tether protocol")]
+    BadMagic,
+}
+
+/// Appends little-endian values to a byte vector.
+#[derive(Default, Debug)]
+pub struct Encoder {
+    pub buf: Vec<u8>,
+}
+
+impl Encoder {
+    pub fn with_capacity(n: usize) -> Self {
+        Encoder {
+            buf: Vec::with_capacity(n),
+        }
+    }
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn bool(&mut self, v: bool) -> &mut Self {
+        self.u8(v as u8)
+    }
+    /// A name: u16 length, then the bytes.
+    pub fn name(&mut self, v: &[u8]) -> &mut Self {
+        self.u16(v.len().min(u16::MAX as usize) as u16);
+        self.buf.extend_from_slice(&v[..v.len().min(u16::MAX as usize)]);
+        self
+    }
+    /// A blob: u32 length, then the bytes.
+    pub fn blob(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.buf.extend_from_slice(v);
+        self
+    }
+    /// Raw bytes that run to the end of the frame (bulk data, no length prefix).
+    pub fn rest(&mut self, v: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(v);
+        self
+    }
+}
+
+/// Reads little-endian values from a frame body without copying bulk data.
+pub struct Decoder {
+    body: Bytes,
+    pos: usize,
+}
+
+impl Decoder {
+    pub fn new(body: Bytes) -> Self {
+        Decoder { body, pos: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
+        let remaining = self.body.len() - self.pos;
+        if remaining < n {
+            return Err(DecodeError::Truncated {
+                offset: self.pos,
+                needed: n - remaining,
+            });
+        }
+        let s = &self.body[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn i64(&mut self) -> Result<i64, DecodeError> {
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(DecodeError::Invalid {
+                field: "bool",
+                value: v as u64,
+            }),
+        }
+    }
+    pub fn name(&mut self) -> Result<Bytes, DecodeError> {
+        let n = self.u16()? as usize;
+        self.slice(n)
+    }
+    pub fn blob(&mut self) -> Result<Bytes, DecodeError> {
+        let n = self.u32()? as usize;
+        self.slice(n)
+    }
+    fn slice(&mut self, n: usize) -> Result<Bytes, DecodeError> {
+        let start = self.pos;
+        self.take(n)?;
+        Ok(self.body.slice(start..start + n))
+    }
+    /// Everything up to the end of the frame, without copying.
+    pub fn rest(&mut self) -> Bytes {
+        let s = self.body.slice(self.pos..);
+        self.pos = self.body.len();
+        s
+    }
+    /// Fails if bytes are left over: a message must fill its frame exactly.
+    pub fn finish(self) -> Result<(), DecodeError> {
+        let left = self.body.len() - self.pos;
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing(left))
+        }
+    }
+}

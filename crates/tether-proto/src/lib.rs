@@ -1,0 +1,25 @@
+//! Tether's wire protocol: frames, messages, handshake and errno mapping.
+//!
+//! This crate does no I/O and reads no clock, so every message can be tested byte by byte and
+//! fuzzed. `docs/protocol.md` is the byte-level specification; the golden tests in
+//! `tests/golden.rs` pin this code to it.
+
+pub mod codec;
+pub mod errno;
+pub mod frame;
+pub mod handshake;
+pub mod message;
+
+pub use codec::{DecodeError, Decoder, Encoder};
+pub use errno::WireErrno;
+pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_FRAME_LEN};
+pub use handshake::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+pub use message::*;
+
+/// A node id issued by the server. Ids are never reused within one server session.
+pub type NodeId = u64;
+/// An open file or directory handle issued by the server; 0 means "no handle".
+pub type HandleId = u64;
+
+/// The export root always has this node id.
+pub const ROOT_NODE: NodeId = 1;

@@ -1,0 +1,909 @@
+//! Requests, replies and pushed messages, with their byte layouts.
+//!
+//! Every request body starts with the caller (uid, gid, pid: 12 bytes), then the op's fields.
+//! Every reply body starts with an i32 status: 0 for success followed by the op's result,
+//! or a positive wire errno and nothing else. Layouts are in docs/protocol.md.
+
+use bytes::Bytes;
+
+use crate::codec::{DecodeError, Decoder, Encoder};
+use crate::errno::WireErrno;
+use crate::frame::{FrameBuilder, FrameKind, FLAG_NO_REPLY};
+use crate::handshake::{Hello, HelloReply};
+use crate::{HandleId, NodeId};
+
+/// Operation codes (the `op` field of request and reply frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Op {
+    Hello = 1,
+    Lookup = 10,
+    Forget = 11,
+    Getattr = 12,
+    Setattr = 13,
+    Readlink = 14,
+    Mknod = 15,
+    Mkdir = 16,
+    Unlink = 17,
+    Rmdir = 18,
+    Symlink = 19,
+    Rename = 20,
+    Link = 21,
+    Open = 22,
+    Read = 23,
+    Write = 24,
+    Statfs = 25,
+    Release = 26,
+    Fsync = 27,
+    Setxattr = 28,
+    Getxattr = 29,
+    Listxattr = 30,
+    Removexattr = 31,
+    Flush = 32,
+    Opendir = 33,
+    Readdir = 34,
+    Releasedir = 35,
+    Fsyncdir = 36,
+    Access = 37,
+    Create = 38,
+    Fallocate = 39,
+    Lseek = 40,
+    CopyFileRange = 41,
+    Ping = 42,
+}
+
+impl Op {
+    pub fn from_u16(v: u16) -> Result<Op, DecodeError> {
+        use Op::*;
+        Ok(match v {
+            1 => Hello,
+            10 => Lookup,
+            11 => Forget,
+            12 => Getattr,
+            13 => Setattr,
+            14 => Readlink,
+            15 => Mknod,
+            16 => Mkdir,
+            17 => Unlink,
+            18 => Rmdir,
+            19 => Symlink,
+            20 => Rename,
+            21 => Link,
+            22 => Open,
+            23 => Read,
+            24 => Write,
+            25 => Statfs,
+            26 => Release,
+            27 => Fsync,
+            28 => Setxattr,
+            29 => Getxattr,
+            30 => Listxattr,
+            31 => Removexattr,
+            32 => Flush,
+            33 => Opendir,
+            34 => Readdir,
+            35 => Releasedir,
+            36 => Fsyncdir,
+            37 => Access,
+            38 => Create,
+            39 => Fallocate,
+            40 => Lseek,
+            41 => CopyFileRange,
+            42 => Ping,
+            other => return Err(DecodeError::UnknownOp(other)),
+        })
+    }
+
+    /// True for operations that change the export (refused by read-only exports).
+    pub fn mutates(self) -> bool {
+        use Op::*;
+        matches!(
+            self,
+            Setattr
+                | Mknod
+                | Mkdir
+                | Unlink
+                | Rmdir
+                | Symlink
+                | Rename
+                | Link
+                | Write
+                | Setxattr
+                | Removexattr
+                | Create
+                | Fallocate
+                | CopyFileRange
+        )
+    }
+}
+
+/// Who is asking, as the guest kernel reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// Seconds and nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// A time to set: leave it, set it to the server's clock, or to a given value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Omit,
+    Now,
+    At(Timespec),
+}
+
+/// File attributes as the host reported them (104 bytes on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Attr {
+    /// The node id; the guest shows it as st_ino.
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// Full st_mode: file type and permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub blksize: u32,
+    /// Server change sequence when these attributes were read: a client drops attributes
+    /// older than an invalidation it has already applied.
+    pub seq: u64,
+}
+
+/// A name bound to a node, with its attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    pub node: NodeId,
+    pub generation: u64,
+    /// Bit 0: the server watches this node for changes (reserved; 0 for now).
+    pub flags: u32,
+    pub attr: Attr,
+}
+
+/// setattr field mask.
+pub mod setattr_valid {
+    pub const MODE: u32 = 1;
+    pub const UID: u32 = 2;
+    pub const GID: u32 = 4;
+    pub const SIZE: u32 = 8;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Which of mode, uid, gid, size are set (see [`setattr_valid`]).
+    pub valid: u32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: SetTime,
+    pub mtime: SetTime,
+}
+
+/// Open reply flags.
+pub mod open_flags {
+    /// The guest may keep its page cache for this file.
+    pub const KEEP_CACHE: u32 = 1;
+    /// Bypass the guest page cache (FIFOs, sockets).
+    pub const DIRECT_IO: u32 = 2;
+}
+
+/// A directory entry. `entry` is present in readdirplus replies (except for "." and "..");
+/// each present entry counts as one lookup of its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    /// Cookie to continue listing after this entry.
+    pub offset: u64,
+    /// DT_* type (Linux numbering).
+    pub kind: u8,
+    pub name: Bytes,
+    pub entry: Option<Entry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// A request from the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello(Hello),
+    Lookup { parent: NodeId, name: Bytes },
+    /// One-way: drop `count` lookups of each node.
+    Forget { nodes: Vec<(NodeId, u64)> },
+    Getattr { node: NodeId, fh: HandleId },
+    Setattr { node: NodeId, fh: HandleId, set: SetAttr },
+    Readlink { node: NodeId },
+    Mknod { parent: NodeId, name: Bytes, mode: u32, rdev: u64, umask: u32 },
+    Mkdir { parent: NodeId, name: Bytes, mode: u32, umask: u32 },
+    Unlink { parent: NodeId, name: Bytes },
+    Rmdir { parent: NodeId, name: Bytes },
+    Symlink { parent: NodeId, name: Bytes, target: Bytes },
+    Rename { parent: NodeId, name: Bytes, new_parent: NodeId, new_name: Bytes, flags: u32 },
+    Link { node: NodeId, new_parent: NodeId, new_name: Bytes },
+    Open { node: NodeId, flags: u32 },
+    Read { node: NodeId, fh: HandleId, offset: u64, size: u32 },
+    /// The data runs to the end of the frame.
+    Write { node: NodeId, fh: HandleId, offset: u64, data: Bytes },
+    Statfs { node: NodeId },
+    Release { node: NodeId, fh: HandleId },
+    Fsync { node: NodeId, fh: HandleId, datasync: bool },
+    Setxattr { node: NodeId, name: Bytes, value: Bytes, flags: u32 },
+    Getxattr { node: NodeId, name: Bytes, size: u32 },
+    Listxattr { node: NodeId, size: u32 },
+    Removexattr { node: NodeId, name: Bytes },
+    Flush { node: NodeId, fh: HandleId, lock_owner: u64 },
+    Opendir { node: NodeId, flags: u32 },
+    Readdir { node: NodeId, fh: HandleId, offset: u64, size: u32, plus: bool },
+    Releasedir { node: NodeId, fh: HandleId },
+    Fsyncdir { node: NodeId, fh: HandleId, datasync: bool },
+    Access { node: NodeId, mask: u32 },
+    Create { parent: NodeId, name: Bytes, mode: u32, umask: u32, flags: u32 },
+    Fallocate { node: NodeId, fh: HandleId, offset: u64, length: u64, mode: u32 },
+    Lseek { node: NodeId, fh: HandleId, offset: i64, whence: u32 },
+    CopyFileRange {
+        node_in: NodeId,
+        fh_in: HandleId,
+        offset_in: u64,
+        node_out: NodeId,
+        fh_out: HandleId,
+        offset_out: u64,
+        len: u64,
+        flags: u32,
+    },
+    Ping,
+}
+
+/// A successful reply. Which variant an op gets is fixed (see [`Request::op`] and the table
+/// in docs/protocol.md), so the decoder needs the op to parse it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Hello(HelloReply),
+    /// lookup, mknod, mkdir, symlink, link
+    Entry(Entry),
+    /// getattr, setattr
+    Attr(Attr),
+    /// readlink, read
+    Data(Bytes),
+    /// unlink, rmdir, rename, release, fsync, setxattr, removexattr, flush, releasedir,
+    /// fsyncdir, access, fallocate, ping
+    Empty,
+    /// open, opendir
+    Open { fh: HandleId, flags: u32 },
+    /// write, copy_file_range
+    Written { size: u64 },
+    Statfs(Statfs),
+    /// getxattr, listxattr: the size (when asked with size 0) or the value.
+    XattrSize(u32),
+    XattrData(Bytes),
+    Dir(Vec<DirEntry>),
+    Create { entry: Entry, fh: HandleId, flags: u32 },
+    Lseek { offset: u64 },
+}
+
+impl Timespec {
+    fn encode(&self, e: &mut Encoder) {
+        e.i64(self.sec).u32(self.nsec);
+    }
+    fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
+        let sec = d.i64()?;
+        let nsec = d.u32()?;
+        if nsec >= 1_000_000_000 {
+            return Err(DecodeError::Invalid {
+                field: "nsec",
+                value: nsec as u64,
+            });
+        }
+        Ok(Timespec { sec, nsec })
+    }
+}
+
+impl SetTime {
+    fn encode(&self, e: &mut Encoder) {
+        match self {
+            SetTime::Omit => e.u8(0).i64(0).u32(0),
+            SetTime::Now => e.u8(1).i64(0).u32(0),
+            SetTime::At(t) => {
+                e.u8(2);
+                t.encode(e);
+                e
+            }
+        };
+    }
+    fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
+        let tag = d.u8()?;
+        let t = Timespec::decode(d)?;
+        match tag {
+            0 => Ok(SetTime::Omit),
+            1 => Ok(SetTime::Now),
+            2 => Ok(SetTime::At(t)),
+            v => Err(DecodeError::Invalid {
+                field: "settime",
+                value: v as u64,
+            }),
+        }
+    }
+}
+
+impl Attr {
+    pub const WIRE_LEN: usize = 104;
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u64(self.ino).u64(self.size).u64(self.blocks);
+        self.atime.encode(e);
+        self.mtime.encode(e);
+        self.ctime.encode(e);
+        e.u32(self.mode)
+            .u32(self.nlink)
+            .u32(self.uid)
+            .u32(self.gid)
+            .u64(self.rdev)
+            .u32(self.blksize)
+            .u64(self.seq);
+    }
+    pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
+        Ok(Attr {
+            ino: d.u64()?,
+            size: d.u64()?,
+            blocks: d.u64()?,
+            atime: Timespec::decode(d)?,
+            mtime: Timespec::decode(d)?,
+            ctime: Timespec::decode(d)?,
+            mode: d.u32()?,
+            nlink: d.u32()?,
+            uid: d.u32()?,
+            gid: d.u32()?,
+            rdev: d.u64()?,
+            blksize: d.u32()?,
+            seq: d.u64()?,
+        })
+    }
+}
+
+impl Entry {
+    pub fn encode(&self, e: &mut Encoder) {
+        e.u64(self.node).u64(self.generation).u32(self.flags);
+        self.attr.encode(e);
+    }
+    pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
+        Ok(Entry {
+            node: d.u64()?,
+            generation: d.u64()?,
+            flags: d.u32()?,
+            attr: Attr::decode(d)?,
+        })
+    }
+}
+
+impl Request {
+    pub fn op(&self) -> Op {
+        use Request::*;
+        match self {
+            Hello(_) => Op::Hello,
+            Lookup { .. } => Op::Lookup,
+            Forget { .. } => Op::Forget,
+            Getattr { .. } => Op::Getattr,
+            Setattr { .. } => Op::Setattr,
+            Readlink { .. } => Op::Readlink,
+            Mknod { .. } => Op::Mknod,
+            Mkdir { .. } => Op::Mkdir,
+            Unlink { .. } => Op::Unlink,
+            Rmdir { .. } => Op::Rmdir,
+            Symlink { .. } => Op::Symlink,
+            Rename { .. } => Op::Rename,
+            Link { .. } => Op::Link,
+            Open { .. } => Op::Open,
+            Read { .. } => Op::Read,
+            Write { .. } => Op::Write,
+            Statfs { .. } => Op::Statfs,
+            Release { .. } => Op::Release,
+            Fsync { .. } => Op::Fsync,
+            Setxattr { .. } => Op::Setxattr,
+            Getxattr { .. } => Op::Getxattr,
+            Listxattr { .. } => Op::Listxattr,
+            Removexattr { .. } => Op::Removexattr,
+            Flush { .. } => Op::Flush,
+            Opendir { .. } => Op::Opendir,
+            Readdir { .. } => Op::Readdir,
+            Releasedir { .. } => Op::Releasedir,
+            Fsyncdir { .. } => Op::Fsyncdir,
+            Access { .. } => Op::Access,
+            Create { .. } => Op::Create,
+            Fallocate { .. } => Op::Fallocate,
+            Lseek { .. } => Op::Lseek,
+            CopyFileRange { .. } => Op::CopyFileRange,
+            Ping => Op::Ping,
+        }
+    }
+
+    /// Encodes a whole request frame.
+    pub fn to_frame(&self, id: u64, caller: Caller) -> Vec<u8> {
+        let flags = if matches!(self, Request::Forget { .. }) {
+            FLAG_NO_REPLY
+        } else {
+            0
+        };
+        let extra = match self {
+            Request::Write { data, .. } => data.len(),
+            _ => 64,
+        };
+        let mut f = FrameBuilder::new(FrameKind::Request, flags, self.op() as u16, id, 64 + extra);
+        self.encode_body(caller, &mut f.enc);
+        f.finish()
+    }
+
+    fn encode_body(&self, c: Caller, e: &mut Encoder) {
+        use Request::*;
+        e.u32(c.uid).u32(c.gid).u32(c.pid);
+        match self {
+            Hello(h) => h.encode(e),
+            Lookup { parent, name } | Unlink { parent, name } | Rmdir { parent, name } => {
+                e.u64(*parent).name(name);
+            }
+            Forget { nodes } => {
+                e.u32(nodes.len() as u32);
+                for (n, c) in nodes {
+                    e.u64(*n).u64(*c);
+                }
+            }
+            Getattr { node, fh } | Release { node, fh } | Releasedir { node, fh } => {
+                e.u64(*node).u64(*fh);
+            }
+            Setattr { node, fh, set } => {
+                e.u64(*node)
+                    .u64(*fh)
+                    .u32(set.valid)
+                    .u32(set.mode)
+                    .u32(set.uid)
+                    .u32(set.gid)
+                    .u64(set.size);
+                set.atime.encode(e);
+                set.mtime.encode(e);
+            }
+            Readlink { node } | Statfs { node } => {
+                e.u64(*node);
+            }
+            Mknod { parent, name, mode, rdev, umask } => {
+                e.u64(*parent).name(name).u32(*mode).u64(*rdev).u32(*umask);
+            }
+            Mkdir { parent, name, mode, umask } => {
+                e.u64(*parent).name(name).u32(*mode).u32(*umask);
+            }
+            Symlink { parent, name, target } => {
+                e.u64(*parent).name(name).blob(target);
+            }
+            Rename { parent, name, new_parent, new_name, flags } => {
+                e.u64(*parent).name(name).u64(*new_parent).name(new_name).u32(*flags);
+            }
+            Link { node, new_parent, new_name } => {
+                e.u64(*node).u64(*new_parent).name(new_name);
+            }
+            Open { node, flags } | Opendir { node, flags } => {
+                e.u64(*node).u32(*flags);
+            }
+            Read { node, fh, offset, size } => {
+                e.u64(*node).u64(*fh).u64(*offset).u32(*size);
+            }
+            Write { node, fh, offset, data } => {
+                e.u64(*node).u64(*fh).u64(*offset).rest(data);
+            }
+            Fsync { node, fh, datasync } | Fsyncdir { node, fh, datasync } => {
+                e.u64(*node).u64(*fh).bool(*datasync);
+            }
+            Setxattr { node, name, value, flags } => {
+                e.u64(*node).name(name).u32(*flags).blob(value);
+            }
+            Getxattr { node, name, size } => {
+                e.u64(*node).name(name).u32(*size);
+            }
+            Listxattr { node, size } => {
+                e.u64(*node).u32(*size);
+            }
+            Removexattr { node, name } => {
+                e.u64(*node).name(name);
+            }
+            Flush { node, fh, lock_owner } => {
+                e.u64(*node).u64(*fh).u64(*lock_owner);
+            }
+            Readdir { node, fh, offset, size, plus } => {
+                e.u64(*node).u64(*fh).u64(*offset).u32(*size).bool(*plus);
+            }
+            Access { node, mask } => {
+                e.u64(*node).u32(*mask);
+            }
+            Create { parent, name, mode, umask, flags } => {
+                e.u64(*parent).name(name).u32(*mode).u32(*umask).u32(*flags);
+            }
+            Fallocate { node, fh, offset, length, mode } => {
+                e.u64(*node).u64(*fh).u64(*offset).u64(*length).u32(*mode);
+            }
+            Lseek { node, fh, offset, whence } => {
+                e.u64(*node).u64(*fh).i64(*offset).u32(*whence);
+            }
+            CopyFileRange {
+                node_in,
+                fh_in,
+                offset_in,
+                node_out,
+                fh_out,
+                offset_out,
+                len,
+                flags,
+            } => {
+                e.u64(*node_in)
+                    .u64(*fh_in)
+                    .u64(*offset_in)
+                    .u64(*node_out)
+                    .u64(*fh_out)
+                    .u64(*offset_out)
+                    .u64(*len)
+                    .u32(*flags);
+            }
+            Ping => {}
+        }
+    }
+
+    /// Decodes a request body for `op`. Bulk data is sliced from `body`, not copied.
+    pub fn decode(op: u16, body: Bytes) -> Result<(Caller, Request), DecodeError> {
+        use Request::*;
+        let op = Op::from_u16(op)?;
+        let mut d = Decoder::new(body);
+        let caller = Caller {
+            uid: d.u32()?,
+            gid: d.u32()?,
+            pid: d.u32()?,
+        };
+        let r = match op {
+            Op::Hello => Hello(crate::handshake::Hello::decode(&mut d)?),
+            Op::Lookup => Lookup { parent: d.u64()?, name: d.name()? },
+            Op::Unlink => Unlink { parent: d.u64()?, name: d.name()? },
+            Op::Rmdir => Rmdir { parent: d.u64()?, name: d.name()? },
+            Op::Forget => {
+                let n = d.u32()? as usize;
+                // Each item is 16 bytes: bound the allocation by what the frame can hold.
+                let mut nodes = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    nodes.push((d.u64()?, d.u64()?));
+                }
+                Forget { nodes }
+            }
+            Op::Getattr => Getattr { node: d.u64()?, fh: d.u64()? },
+            Op::Release => Release { node: d.u64()?, fh: d.u64()? },
+            Op::Releasedir => Releasedir { node: d.u64()?, fh: d.u64()? },
+            Op::Setattr => Setattr {
+                node: d.u64()?,
+                fh: d.u64()?,
+                set: SetAttr {
+                    valid: d.u32()?,
+                    mode: d.u32()?,
+                    uid: d.u32()?,
+                    gid: d.u32()?,
+                    size: d.u64()?,
+                    atime: SetTime::decode(&mut d)?,
+                    mtime: SetTime::decode(&mut d)?,
+                },
+            },
+            Op::Readlink => Readlink { node: d.u64()? },
+            Op::Statfs => Statfs { node: d.u64()? },
+            Op::Mknod => Mknod {
+                parent: d.u64()?,
+                name: d.name()?,
+                mode: d.u32()?,
+                rdev: d.u64()?,
+                umask: d.u32()?,
+            },
+            Op::Mkdir => Mkdir {
+                parent: d.u64()?,
+                name: d.name()?,
+                mode: d.u32()?,
+                umask: d.u32()?,
+            },
+            Op::Symlink => Symlink {
+                parent: d.u64()?,
+                name: d.name()?,
+                target: d.blob()?,
+            },
+            Op::Rename => Rename {
+                parent: d.u64()?,
+                name: d.name()?,
+                new_parent: d.u64()?,
+                new_name: d.name()?,
+                flags: d.u32()?,
+            },
+            Op::Link => Link {
+                node: d.u64()?,
+                new_parent: d.u64()?,
+                new_name: d.name()?,
+            },
+            Op::Open => Open { node: d.u64()?, flags: d.u32()? },
+            Op::Opendir => Opendir { node: d.u64()?, flags: d.u32()? },
+            Op::Read => Read {
+                node: d.u64()?,
+                fh: d.u64()?,
+                offset: d.u64()?,
+                size: d.u32()?,
+            },
+            Op::Write => Write {
+                node: d.u64()?,
+                fh: d.u64()?,
+                offset: d.u64()?,
+                data: d.rest(),
+            },
+            Op::Fsync => Fsync { node: d.u64()?, fh: d.u64()?, datasync: d.bool()? },
+            Op::Fsyncdir => Fsyncdir { node: d.u64()?, fh: d.u64()?, datasync: d.bool()? },
+            Op::Setxattr => Setxattr {
+                node: d.u64()?,
+                name: d.name()?,
+                flags: d.u32()?,
+                value: d.blob()?,
+            },
+            Op::Getxattr => Getxattr { node: d.u64()?, name: d.name()?, size: d.u32()? },
+            Op::Listxattr => Listxattr { node: d.u64()?, size: d.u32()? },
+            Op::Removexattr => Removexattr { node: d.u64()?, name: d.name()? },
+            Op::Flush => Flush { node: d.u64()?, fh: d.u64()?, lock_owner: d.u64()? },
+            Op::Readdir => Readdir {
+                node: d.u64()?,
+                fh: d.u64()?,
+                offset: d.u64()?,
+                size: d.u32()?,
+                plus: d.bool()?,
+            },
+            Op::Access => Access { node: d.u64()?, mask: d.u32()? },
+            Op::Create => Create {
+                parent: d.u64()?,
+                name: d.name()?,
+                mode: d.u32()?,
+                umask: d.u32()?,
+                flags: d.u32()?,
+            },
+            Op::Fallocate => Fallocate {
+                node: d.u64()?,
+                fh: d.u64()?,
+                offset: d.u64()?,
+                length: d.u64()?,
+                mode: d.u32()?,
+            },
+            Op::Lseek => Lseek {
+                node: d.u64()?,
+                fh: d.u64()?,
+                offset: d.i64()?,
+                whence: d.u32()?,
+            },
+            Op::CopyFileRange => CopyFileRange {
+                node_in: d.u64()?,
+                fh_in: d.u64()?,
+                offset_in: d.u64()?,
+                node_out: d.u64()?,
+                fh_out: d.u64()?,
+                offset_out: d.u64()?,
+                len: d.u64()?,
+                flags: d.u32()?,
+            },
+            Op::Ping => Ping,
+        };
+        d.finish()?;
+        Ok((caller, r))
+    }
+}
+
+/// Encodes a reply frame: status 0 and the result, or the errno alone.
+pub fn reply_frame(op: u16, id: u64, result: &Result<Reply, WireErrno>) -> Vec<u8> {
+    let cap = match result {
+        Ok(Reply::Data(d)) | Ok(Reply::XattrData(d)) => d.len() + 8,
+        Ok(Reply::Dir(v)) => v.len() * (Attr::WIRE_LEN + 64),
+        _ => 160,
+    };
+    let mut f = FrameBuilder::new(FrameKind::Reply, 0, op, id, cap);
+    let e = &mut f.enc;
+    match result {
+        Err(errno) => {
+            e.i32(errno.0 as i32);
+        }
+        Ok(r) => {
+            e.i32(0);
+            r.encode(e);
+        }
+    }
+    f.finish()
+}
+
+/// Builds a data reply (read, readlink) by letting `fill` write straight into the frame
+/// buffer, so bulk data is copied once, from the file into the outgoing frame.
+pub fn data_reply_frame(
+    op: u16,
+    id: u64,
+    max: usize,
+    fill: impl FnOnce(&mut [u8]) -> Result<usize, WireErrno>,
+) -> Vec<u8> {
+    let mut f = FrameBuilder::new(FrameKind::Reply, 0, op, id, 8 + max);
+    let start = f.enc.buf.len();
+    f.enc.i32(0).u32(0);
+    let data_at = f.enc.buf.len();
+    f.enc.buf.resize(data_at + max, 0);
+    match fill(&mut f.enc.buf[data_at..]) {
+        Ok(n) => {
+            let n = n.min(max);
+            f.enc.buf.truncate(data_at + n);
+            f.enc.buf[data_at - 4..data_at].copy_from_slice(&(n as u32).to_le_bytes());
+        }
+        Err(errno) => {
+            f.enc.buf.truncate(start);
+            f.enc.i32(errno.0 as i32);
+        }
+    }
+    f.finish()
+}
+
+impl Reply {
+    fn encode(&self, e: &mut Encoder) {
+        match self {
+            Reply::Hello(h) => h.encode(e),
+            Reply::Entry(en) => en.encode(e),
+            Reply::Attr(a) => a.encode(e),
+            Reply::Data(d) => {
+                e.blob(d);
+            }
+            Reply::XattrData(d) => {
+                e.u8(1).blob(d);
+            }
+            Reply::Empty => {}
+            Reply::Open { fh, flags } => {
+                e.u64(*fh).u32(*flags);
+            }
+            Reply::Written { size } => {
+                e.u64(*size);
+            }
+            Reply::Statfs(s) => {
+                e.u64(s.blocks)
+                    .u64(s.bfree)
+                    .u64(s.bavail)
+                    .u64(s.files)
+                    .u64(s.ffree)
+                    .u32(s.bsize)
+                    .u32(s.namelen)
+                    .u32(s.frsize);
+            }
+            Reply::XattrSize(n) => {
+                e.u8(0).u32(*n);
+            }
+            Reply::Dir(entries) => {
+                e.u32(entries.len() as u32);
+                for de in entries {
+                    e.u64(de.ino).u64(de.offset).u8(de.kind).name(&de.name);
+                    match &de.entry {
+                        Some(en) => {
+                            e.u8(1);
+                            en.encode(e);
+                        }
+                        None => {
+                            e.u8(0);
+                        }
+                    }
+                }
+            }
+            Reply::Create { entry, fh, flags } => {
+                entry.encode(e);
+                e.u64(*fh).u32(*flags);
+            }
+            Reply::Lseek { offset } => {
+                e.u64(*offset);
+            }
+        }
+    }
+
+    /// Decodes a reply body for a request of `op`. The outer result is a protocol error
+    /// (close the connection); the inner one is the operation's outcome.
+    pub fn decode(op: u16, body: Bytes) -> Result<Result<Reply, WireErrno>, DecodeError> {
+        let op = Op::from_u16(op)?;
+        let mut d = Decoder::new(body);
+        let status = d.i32()?;
+        if status != 0 {
+            d.finish()?;
+            if status < 0 {
+                return Err(DecodeError::Invalid {
+                    field: "status",
+                    value: status as i64 as u64,
+                });
+            }
+            return Ok(Err(WireErrno(status as u32)));
+        }
+        let r = match op {
+            Op::Hello => Reply::Hello(HelloReply::decode(&mut d)?),
+            Op::Lookup | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Link => {
+                Reply::Entry(Entry::decode(&mut d)?)
+            }
+            Op::Getattr | Op::Setattr => Reply::Attr(Attr::decode(&mut d)?),
+            Op::Readlink | Op::Read => Reply::Data(d.blob()?),
+            Op::Open | Op::Opendir => Reply::Open {
+                fh: d.u64()?,
+                flags: d.u32()?,
+            },
+            Op::Write | Op::CopyFileRange => Reply::Written { size: d.u64()? },
+            Op::Statfs => Reply::Statfs(Statfs {
+                blocks: d.u64()?,
+                bfree: d.u64()?,
+                bavail: d.u64()?,
+                files: d.u64()?,
+                ffree: d.u64()?,
+                bsize: d.u32()?,
+                namelen: d.u32()?,
+                frsize: d.u32()?,
+            }),
+            Op::Getxattr | Op::Listxattr => match d.u8()? {
+                0 => Reply::XattrSize(d.u32()?),
+                1 => Reply::XattrData(d.blob()?),
+                v => {
+                    return Err(DecodeError::Invalid {
+                        field: "xattr reply tag",
+                        value: v as u64,
+                    })
+                }
+            },
+            Op::Readdir => {
+                let n = d.u32()? as usize;
+                let mut v = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    let ino = d.u64()?;
+                    let offset = d.u64()?;
+                    let kind = d.u8()?;
+                    let name = d.name()?;
+                    let entry = if d.bool()? {
+                        Some(Entry::decode(&mut d)?)
+                    } else {
+                        None
+                    };
+                    v.push(DirEntry {
+                        ino,
+                        offset,
+                        kind,
+                        name,
+                        entry,
+                    });
+                }
+                Reply::Dir(v)
+            }
+            Op::Create => Reply::Create {
+                entry: Entry::decode(&mut d)?,
+                fh: d.u64()?,
+                flags: d.u32()?,
+            },
+            Op::Lseek => Reply::Lseek { offset: d.u64()? },
+            Op::Forget
+            | Op::Unlink
+            | Op::Rmdir
+            | Op::Rename
+            | Op::Release
+            | Op::Fsync
+            | Op::Setxattr
+            | Op::Removexattr
+            | Op::Flush
+            | Op::Releasedir
+            | Op::Fsyncdir
+            | Op::Access
+            | Op::Fallocate
+            | Op::Ping => Reply::Empty,
+        };
+        d.finish()?;
+        Ok(Ok(r))
+    }
+}

@@ -1,0 +1,315 @@
+//! Byte streams for Tether. A transport only produces a reader, a writer and a way to shut
+//! both down; the protocol never knows what is on the other side.
+
+pub mod framed;
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Where to listen or connect: `unix:/path/to.sock` or `tcp:HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AddressError {
+    #[error("address {0:?} has no scheme: use unix:/path/to.sock or tcp:HOST:PORT")]
+    NoScheme(String),
+    #[error("unknown transport {0:?}: use unix:/path/to.sock or tcp:HOST:PORT")]
+    UnknownScheme(String),
+    #[error("empty socket path in {0:?}")]
+    EmptyPath(String),
+    #[error("TCP address {0:?} needs HOST:PORT")]
+    NoPort(String),
+}
+
+impl FromStr for Address {
+    type Err = AddressError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (scheme, rest) = s
+            .split_once(':')
+            .ok_or_else(|| AddressError::NoScheme(s.to_string()))?;
+        match scheme {
+            "unix" => {
+                if rest.is_empty() {
+                    return Err(AddressError::EmptyPath(s.to_string()));
+                }
+                Ok(Address::Unix(PathBuf::from(rest)))
+            }
+            "tcp" => match rest.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    Ok(Address::Tcp(rest.to_string()))
+                }
+                _ => Err(AddressError::NoPort(s.to_string())),
+            },
+            other => Err(AddressError::UnknownScheme(other.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// A connected byte stream, split so one thread can read while others write.
+pub struct Stream {
+    pub reader: Box<dyn Read + Send>,
+    pub writer: Box<dyn Write + Send>,
+    /// Unblocks the reader and fails further writes; idempotent.
+    pub closer: Closer,
+    /// Who is on the other side, for logs.
+    pub peer: String,
+}
+
+/// Shuts a stream down from any thread.
+#[derive(Clone)]
+pub struct Closer(Arc<dyn Fn() + Send + Sync>);
+
+impl Closer {
+    pub fn close(&self) {
+        (self.0)()
+    }
+}
+
+impl Stream {
+    fn from_unix(s: UnixStream, peer: String) -> io::Result<Stream> {
+        let w = s.try_clone()?;
+        let c = s.try_clone()?;
+        Ok(Stream {
+            reader: Box::new(s),
+            writer: Box::new(w),
+            closer: Closer(Arc::new(move || {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            })),
+            peer,
+        })
+    }
+
+    fn from_tcp(s: TcpStream) -> io::Result<Stream> {
+        // Requests are small and latency-bound: never wait to coalesce them.
+        s.set_nodelay(true)?;
+        let peer = s
+            .peer_addr()
+            .map(|a| format!("tcp:{a}"))
+            .unwrap_or_else(|_| "tcp:?".into());
+        let w = s.try_clone()?;
+        let c = s.try_clone()?;
+        Ok(Stream {
+            reader: Box::new(s),
+            writer: Box::new(w),
+            closer: Closer(Arc::new(move || {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            })),
+            peer,
+        })
+    }
+}
+
+/// Connects to a server.
+pub fn connect(addr: &Address) -> io::Result<Stream> {
+    match addr {
+        Address::Unix(p) => Stream::from_unix(UnixStream::connect(p)?, addr.to_string()),
+        Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
+    }
+}
+
+/// True when every address `host:port` resolves to is a loopback address.
+pub fn is_loopback(hostport: &str) -> io::Result<bool> {
+    let addrs: Vec<_> = hostport.to_socket_addrs()?.collect();
+    Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+pub enum Listener {
+    Unix { listener: UnixListener, path: PathBuf },
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds `addr`. A Unix socket is created mode 0600 (only the serving user may connect);
+    /// a stale socket file left by a dead server is replaced, a live one is an error.
+    pub fn bind(addr: &Address) -> io::Result<Listener> {
+        match addr {
+            Address::Unix(path) => {
+                if path.exists() {
+                    if UnixStream::connect(path).is_ok() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!("{} is in use by a running server", path.display()),
+                        ));
+                    }
+                    std::fs::remove_file(path)?;
+                }
+                let listener = UnixListener::bind(path)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                Ok(Listener::Unix {
+                    listener,
+                    path: path.clone(),
+                })
+            }
+            Address::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a.as_str())?)),
+        }
+    }
+
+    /// The bound address (with the real port when bound to port 0).
+    pub fn local_address(&self) -> io::Result<Address> {
+        match self {
+            Listener::Unix { path, .. } => Ok(Address::Unix(path.clone())),
+            Listener::Tcp(l) => Ok(Address::Tcp(l.local_addr()?.to_string())),
+        }
+    }
+
+    pub fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Unix { listener, path } => {
+                let (s, _) = listener.accept()?;
+                Stream::from_unix(s, format!("unix:{}", path.display()))
+            }
+            Listener::Tcp(l) => Stream::from_tcp(l.accept()?.0),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix { path, .. } = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// An in-memory, in-process pipe pair for tests: what one side writes the other reads.
+pub fn memory_pipe() -> (Stream, Stream) {
+    let a = Arc::new(Pipe::default());
+    let b = Arc::new(Pipe::default());
+    (memory_end(a.clone(), b.clone(), "memory:a"), memory_end(b, a, "memory:b"))
+}
+
+#[derive(Default)]
+struct Pipe {
+    state: Mutex<PipeState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct PipeState {
+    data: VecDeque<u8>,
+    closed: bool,
+}
+
+impl Pipe {
+    fn close(&self) {
+        self.state.lock().unwrap().closed = true;
+        self.ready.notify_all();
+    }
+}
+
+struct PipeReader(Arc<Pipe>);
+struct PipeWriter(Arc<Pipe>);
+
+impl Read for PipeReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut st = self.0.state.lock().unwrap();
+        loop {
+            if !st.data.is_empty() {
+                let n = buf.len().min(st.data.len());
+                for (i, b) in st.data.drain(..n).enumerate() {
+                    buf[i] = b;
+                }
+                return Ok(n);
+            }
+            if st.closed {
+                return Ok(0);
+            }
+            st = self.0.ready.wait(st).unwrap();
+        }
+    }
+}
+
+impl Write for PipeWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.closed {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        st.data.extend(buf);
+        self.0.ready.notify_all();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn memory_end(incoming: Arc<Pipe>, outgoing: Arc<Pipe>, peer: &str) -> Stream {
+    let (i, o) = (incoming.clone(), outgoing.clone());
+    Stream {
+        reader: Box::new(PipeReader(incoming)),
+        writer: Box::new(PipeWriter(outgoing)),
+        closer: Closer(Arc::new(move || {
+            i.close();
+            o.close();
+        })),
+        peer: peer.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses_and_explains_bad_ones() {
+        assert_eq!(
+            "unix:/run/t.sock".parse::<Address>(),
+            Ok(Address::Unix("/run/t.sock".into()))
+        );
+        assert_eq!(
+            "tcp:127.0.0.1:7070".parse::<Address>(),
+            Ok(Address::Tcp("127.0.0.1:7070".into()))
+        );
+        assert_eq!(
+            "tcp:[::1]:7070".parse::<Address>(),
+            Ok(Address::Tcp("[::1]:7070".into()))
+        );
+        assert!(matches!("/run/t.sock".parse::<Address>(), Err(AddressError::NoScheme(_))));
+        assert!(matches!("udp:x:1".parse::<Address>(), Err(AddressError::UnknownScheme(_))));
+        assert!(matches!("tcp:host".parse::<Address>(), Err(AddressError::NoPort(_))));
+        assert!(matches!("tcp:host:99999".parse::<Address>(), Err(AddressError::NoPort(_))));
+        assert!(matches!("unix:".parse::<Address>(), Err(AddressError::EmptyPath(_))));
+    }
+
+    #[test]
+    fn loopback_detection() {
+        assert!(is_loopback("127.0.0.1:1").unwrap());
+        assert!(is_loopback("[::1]:1").unwrap());
+        assert!(!is_loopback("0.0.0.0:1").unwrap());
+        assert!(!is_loopback("10.1.2.3:1").unwrap());
+    }
+
+    #[test]
+    fn memory_pipe_carries_bytes_both_ways_and_closes() {
+        let (mut a, mut b) = memory_pipe();
+        a.writer.write_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        b.reader.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        b.writer.write_all(b"x").unwrap();
+        a.reader.read_exact(&mut buf[..1]).unwrap();
+        a.closer.close();
+        assert_eq!(b.reader.read(&mut buf).unwrap(), 0);
+        assert!(b.writer.write(b"y").is_err());
+    }
+}
