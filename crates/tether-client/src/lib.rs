@@ -1,1 +1,9 @@
-//! placeholder
+//! Tether's guest side: a pipelined RPC connection to the server ([`rpc`]) and the FUSE
+//! file system that the kernel talks to ([`fuse_fs`]).
+
+pub mod fuse_fs;
+pub mod mount;
+pub mod rpc;
+
+pub use fuse_fs::{CachePolicy, TetherFs};
+pub use rpc::Connection;

@@ -1,0 +1,641 @@
+//! The FUSE adapter: turns kernel requests into Tether requests and replies to the kernel
+//! from the RPC reader thread when the server answers. No handler blocks on the network.
+//!
+//! Kernel node ids are the server's node ids (the host inode numbers), so st_ino in the
+//! guest matches the host.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request as FuseRequest, TimeOrNow, WriteFlags,
+};
+use tether_proto::{
+    setattr_valid, Attr, Caller, Entry, Reply, Request, SetAttr, SetTime, Timespec, WireErrno,
+};
+
+use crate::rpc::{Connection, ReplyResult};
+
+/// How long the kernel may trust what it caches. Until the server pushes invalidations
+/// (the coherence work), these must be short for the guest to see host changes.
+#[derive(Debug, Clone, Copy)]
+pub struct CachePolicy {
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+}
+
+impl Default for CachePolicy {
+    fn default() -> Self {
+        CachePolicy {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct TetherFs {
+    conn: Arc<Connection>,
+    cache: CachePolicy,
+}
+
+impl TetherFs {
+    pub fn new(conn: Arc<Connection>, cache: CachePolicy) -> Self {
+        TetherFs { conn, cache }
+    }
+}
+
+fn caller(req: &FuseRequest) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn errno(e: WireErrno) -> Errno {
+    Errno::from_i32(e.to_host())
+}
+
+fn name(n: &OsStr) -> Bytes {
+    Bytes::copy_from_slice(n.as_bytes())
+}
+
+fn time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> SetTime {
+    match t {
+        None => SetTime::Omit,
+        Some(TimeOrNow::Now) => SetTime::Now,
+        Some(TimeOrNow::SpecificTime(st)) => {
+            let ts = match st.duration_since(UNIX_EPOCH) {
+                Ok(d) => Timespec {
+                    sec: d.as_secs() as i64,
+                    nsec: d.subsec_nanos(),
+                },
+                Err(e) => {
+                    let d = e.duration();
+                    let mut sec = -(d.as_secs() as i64);
+                    let mut nsec = d.subsec_nanos();
+                    if nsec > 0 {
+                        sec -= 1;
+                        nsec = 1_000_000_000 - nsec;
+                    }
+                    Timespec { sec, nsec }
+                }
+            };
+            SetTime::At(ts)
+        }
+    }
+}
+
+fn kind_of_mode(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dtype(t: u8) -> FileType {
+    match t {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: kind_of_mode(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// Every fuser reply type can carry an error.
+trait KernelReply: Send + 'static {
+    fn fail(self, e: Errno);
+}
+
+macro_rules! kernel_reply {
+    ($($t:ty),*) => { $(impl KernelReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
+}
+kernel_reply!(
+    ReplyEntry, ReplyAttr, ReplyData, ReplyEmpty, ReplyOpen, ReplyWrite, ReplyStatfs, ReplyXattr,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyCreate, ReplyLseek
+);
+
+impl TetherFs {
+    /// Sends `req`; on success `ok` answers the kernel, on error the errno is passed on.
+    /// A reply of the wrong shape is a server bug and becomes EIO.
+    fn call<R: KernelReply>(
+        &self,
+        req: &FuseRequest,
+        msg: Request,
+        reply: R,
+        ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
+    ) {
+        self.conn.call(caller(req), &msg, move |res: ReplyResult| match res {
+            Ok(r) => {
+                if let Err(reply) = ok(reply, r) {
+                    reply.fail(Errno::EIO);
+                }
+            }
+            Err(e) => reply.fail(errno(e)),
+        });
+    }
+
+    fn entry_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEntry) {
+        let ttl = self.cache;
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Entry(e) => {
+                reply.entry_with_ttls(&ttl.attr_ttl, &ttl.entry_ttl, &file_attr(&e.attr), Generation(e.generation));
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn empty_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Empty => {
+                reply.ok();
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn attr_call(&self, req: &FuseRequest, msg: Request, reply: ReplyAttr) {
+        let ttl = self.cache.attr_ttl;
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Attr(a) => {
+                reply.attr(&ttl, &file_attr(&a));
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn open_call(&self, req: &FuseRequest, msg: Request, reply: ReplyOpen) {
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Open { fh, .. } => {
+                // No KEEP_CACHE yet: the page cache is dropped at open (close-to-open
+                // consistency) until the server pushes invalidations.
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn xattr_call(&self, req: &FuseRequest, msg: Request, reply: ReplyXattr) {
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::XattrSize(n) => {
+                reply.size(n);
+                Ok(())
+            }
+            Reply::XattrData(d) => {
+                reply.data(&d);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Written { size } => {
+                reply.written(size.min(u32::MAX as u64) as u32);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+}
+
+impl Filesystem for TetherFs {
+    fn init(&mut self, _req: &FuseRequest, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_BIG_WRITES;
+        let supported = wanted & config.capabilities();
+        let _ = config.add_capabilities(supported);
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.conn.shut_down();
+    }
+
+    fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.entry_call(req, Request::Lookup { parent: parent.0, name: name(n) }, reply);
+    }
+
+    fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
+        self.conn.send_oneway(caller(req), &Request::Forget { nodes: vec![(ino.0, nlookup)] });
+    }
+
+    fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fh = fh.map(|f| f.0).unwrap_or(0);
+        self.attr_call(req, Request::Getattr { node: ino.0, fh }, reply);
+    }
+
+    fn setattr(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mut valid = 0;
+        if mode.is_some() {
+            valid |= setattr_valid::MODE;
+        }
+        if uid.is_some() {
+            valid |= setattr_valid::UID;
+        }
+        if gid.is_some() {
+            valid |= setattr_valid::GID;
+        }
+        if size.is_some() {
+            valid |= setattr_valid::SIZE;
+        }
+        let set = SetAttr {
+            valid,
+            mode: mode.unwrap_or(0),
+            uid: uid.unwrap_or(0),
+            gid: gid.unwrap_or(0),
+            size: size.unwrap_or(0),
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+        };
+        let fh = fh.map(|f| f.0).unwrap_or(0);
+        self.attr_call(req, Request::Setattr { node: ino.0, fh, set }, reply);
+    }
+
+    fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
+        self.call(req, Request::Readlink { node: ino.0 }, reply, |reply, r| match r {
+            Reply::Data(d) => {
+                reply.data(&d);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn mknod(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let msg = Request::Mknod { parent: parent.0, name: name(n), mode, rdev: rdev as u64, umask };
+        self.entry_call(req, msg, reply);
+    }
+
+    fn mkdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.entry_call(req, Request::Mkdir { parent: parent.0, name: name(n), mode, umask }, reply);
+    }
+
+    fn unlink(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Unlink { parent: parent.0, name: name(n) }, reply);
+    }
+
+    fn rmdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Rmdir { parent: parent.0, name: name(n) }, reply);
+    }
+
+    fn symlink(&self, req: &FuseRequest, parent: INodeNo, link: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+        let msg = Request::Symlink {
+            parent: parent.0,
+            name: name(link),
+            target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
+        };
+        self.entry_call(req, msg, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &FuseRequest,
+        parent: INodeNo,
+        n: &OsStr,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let msg = Request::Rename {
+            parent: parent.0,
+            name: name(n),
+            new_parent: new_parent.0,
+            new_name: name(new_name),
+            flags: flags.bits(),
+        };
+        self.empty_call(req, msg, reply);
+    }
+
+    fn link(&self, req: &FuseRequest, ino: INodeNo, new_parent: INodeNo, new_name: &OsStr, reply: ReplyEntry) {
+        let msg = Request::Link { node: ino.0, new_parent: new_parent.0, new_name: name(new_name) };
+        self.entry_call(req, msg, reply);
+    }
+
+    fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.open_call(req, Request::Open { node: ino.0, flags: flags.0 as u32 }, reply);
+    }
+
+    fn read(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let msg = Request::Read { node: ino.0, fh: fh.0, offset, size };
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Data(d) => {
+                reply.data(&d);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn write(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let msg = Request::Write { node: ino.0, fh: fh.0, offset, data: Bytes::copy_from_slice(data) };
+        self.written_call(req, msg, reply);
+    }
+
+    fn flush(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Flush { node: ino.0, fh: fh.0, lock_owner: lock_owner.0 }, reply);
+    }
+
+    fn release(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.empty_call(req, Request::Release { node: ino.0, fh: fh.0 }, reply);
+    }
+
+    fn fsync(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Fsync { node: ino.0, fh: fh.0, datasync }, reply);
+    }
+
+    fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.open_call(req, Request::Opendir { node: ino.0, flags: flags.0 as u32 }, reply);
+    }
+
+    fn readdir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        // fuser does not tell us the kernel's buffer size; a page-sized answer always fits.
+        let msg = Request::Readdir { node: ino.0, fh: fh.0, offset, size: 4096, plus: false };
+        self.call(req, msg, reply, move |mut reply, r| match r {
+            Reply::Dir(entries) => {
+                for e in entries {
+                    if reply.add(INodeNo(e.ino), e.offset, kind_of_dtype(e.kind), OsStr::from_bytes(&e.name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn readdirplus(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let msg = Request::Readdir { node: ino.0, fh: fh.0, offset, size: 4096, plus: true };
+        let ttl = self.cache;
+        let conn = self.conn.clone();
+        let who = caller(req);
+        self.call(req, msg, reply, move |mut reply, r| match r {
+            Reply::Dir(entries) => {
+                let mut unused: Vec<(u64, u64)> = Vec::new();
+                let mut full = false;
+                for e in entries {
+                    let entry = e.entry.unwrap_or(Entry {
+                        node: e.ino,
+                        attr: Attr { ino: e.ino, mode: (e.kind as u32) << 12, ..Attr::default() },
+                        ..Entry::default()
+                    });
+                    if !full {
+                        full = reply.add(
+                            INodeNo(entry.node),
+                            e.offset,
+                            OsStr::from_bytes(&e.name),
+                            &ttl.entry_ttl,
+                            &file_attr(&entry.attr),
+                            Generation(entry.generation),
+                        );
+                    }
+                    // The server counted a lookup for each entry it sent; give back the ones
+                    // the kernel never saw.
+                    if full && e.entry.is_some() {
+                        unused.push((entry.node, 1));
+                    }
+                }
+                reply.ok();
+                if !unused.is_empty() {
+                    conn.send_oneway(who, &Request::Forget { nodes: unused });
+                }
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn releasedir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Releasedir { node: ino.0, fh: fh.0 }, reply);
+    }
+
+    fn fsyncdir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Fsyncdir { node: ino.0, fh: fh.0, datasync }, reply);
+    }
+
+    fn statfs(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyStatfs) {
+        self.call(req, Request::Statfs { node: ino.0 }, reply, |reply, r| match r {
+            Reply::Statfs(s) => {
+                reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let msg = Request::Setxattr {
+            node: ino.0,
+            name: name(n),
+            value: Bytes::copy_from_slice(value),
+            flags: flags as u32,
+        };
+        self.empty_call(req, msg, reply);
+    }
+
+    fn getxattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        self.xattr_call(req, Request::Getxattr { node: ino.0, name: name(n), size }, reply);
+    }
+
+    fn listxattr(&self, req: &FuseRequest, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.xattr_call(req, Request::Listxattr { node: ino.0, size }, reply);
+    }
+
+    fn removexattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Removexattr { node: ino.0, name: name(n) }, reply);
+    }
+
+    fn access(&self, req: &FuseRequest, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.empty_call(req, Request::Access { node: ino.0, mask: mask.bits() as u32 }, reply);
+    }
+
+    fn create(
+        &self,
+        req: &FuseRequest,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let msg = Request::Create { parent: parent.0, name: name(n), mode, umask, flags: flags as u32 };
+        let ttl = self.cache;
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Create { entry, fh, .. } => {
+                reply.created(
+                    &ttl.entry_ttl,
+                    &file_attr(&entry.attr),
+                    Generation(entry.generation),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                );
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn fallocate(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let msg = Request::Fallocate { node: ino.0, fh: fh.0, offset, length, mode: mode as u32 };
+        self.empty_call(req, msg, reply);
+    }
+
+    fn lseek(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let msg = Request::Lseek { node: ino.0, fh: fh.0, offset, whence: whence as u32 };
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Lseek { offset } => {
+                reply.offset(offset as i64);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &FuseRequest,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let msg = Request::CopyFileRange {
+            node_in: ino_in.0,
+            fh_in: fh_in.0,
+            offset_in,
+            node_out: ino_out.0,
+            fh_out: fh_out.0,
+            offset_out,
+            len,
+            flags: flags.bits() as u32,
+        };
+        self.written_call(req, msg, reply);
+    }
+}
+

@@ -1,0 +1,89 @@
+//! Mounting and unmounting the FUSE file system.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+
+use crate::fuse_fs::{CachePolicy, TetherFs};
+use crate::rpc::Connection;
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub cache: CachePolicy,
+    /// Shown as the source in /proc/mounts.
+    pub fs_name: String,
+    /// FUSE worker threads reading from /dev/fuse (handlers never block, so few are needed).
+    pub threads: usize,
+    pub read_only: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            cache: CachePolicy::default(),
+            fs_name: "tether".into(),
+            threads: 2,
+            read_only: false,
+        }
+    }
+}
+
+/// A mounted file system; `run` serves it until it is unmounted.
+pub struct Mounted {
+    session: Session<TetherFs>,
+}
+
+impl Mounted {
+    pub fn new(conn: Arc<Connection>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+        let mut options = vec![
+            MountOption::FSName(opts.fs_name.clone()),
+            MountOption::Subtype("tether".into()),
+            // The kernel checks permissions against the attributes, as a local file system.
+            MountOption::DefaultPermissions,
+            MountOption::NoDev,
+        ];
+        if opts.read_only || conn.hello.read_only {
+            options.push(MountOption::RO);
+        }
+        let mut config = Config::default();
+        config.mount_options = options;
+        // SAFETY: geteuid has no preconditions.
+        config.acl = if unsafe { libc::geteuid() } == 0 {
+            // Every guest user may use the mount; default_permissions keeps them apart.
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(opts.threads.max(1));
+        config.clone_fd = true;
+        let fs = TetherFs::new(conn, opts.cache);
+        let session = Session::new(fs, mountpoint, &config)?;
+        Ok(Mounted { session })
+    }
+
+    /// A handle that unmounts from another thread (a signal handler thread).
+    pub fn unmounter(&mut self) -> SessionUnmounter {
+        self.session.unmount_callable()
+    }
+
+    /// Serves kernel requests until the file system is unmounted.
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
+    }
+}
+
+/// Unmounts `mountpoint`; `lazy` detaches it even while files are open.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: c is a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

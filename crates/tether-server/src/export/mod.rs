@@ -1,0 +1,124 @@
+//! The exported directory: what a session may do in it, with local-file-system semantics.
+//!
+//! Every operation names a node the server issued and at most one path component; names are
+//! checked, and every syscall is relative to a held descriptor with no-follow flags.
+
+mod nodes;
+mod ops;
+pub mod sys;
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub use nodes::{FdBudget, Node, NodeTable};
+pub use ops::ExportFs;
+use tether_proto::WireErrno;
+
+/// Settings and state shared by every session of one export.
+pub struct Export {
+    pub root_path: PathBuf,
+    root: OwnedFd,
+    /// /proc/self/fd, to reopen O_PATH descriptors with real access modes.
+    proc_fd: OwnedFd,
+    pub read_only: bool,
+    pub budget: Arc<FdBudget>,
+    /// Bumped by every mutation; attributes carry the value at the time they were read.
+    seq: AtomicU64,
+    /// True when the server runs as root and so can create files as the guest's caller.
+    pub creds_switch: bool,
+    pub instance: [u8; 16],
+}
+
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    pub read_only: bool,
+    /// Most node descriptors held at once (0: derive from the open-file limit).
+    pub max_node_fds: usize,
+}
+
+impl Export {
+    pub fn open(path: &Path, opts: &ExportOptions) -> io::Result<Arc<Export>> {
+        let canonical = std::fs::canonicalize(path)?;
+        if !canonical.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a directory", canonical.display()),
+            ));
+        }
+        let cpath = CString::new(canonical.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+        let cwd = cwd_fd();
+        let root = sys::openat(
+            cwd.as_fd(),
+            &cpath,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .map_err(to_io)?;
+        let proc_fd = sys::openat(
+            cwd.as_fd(),
+            c"/proc/self/fd",
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .map_err(to_io)?;
+        let limit = sys::raise_nofile_limit() as usize;
+        let cap = if opts.max_node_fds > 0 {
+            opts.max_node_fds
+        } else {
+            // Leave half the limit for open files, sockets and the server's own needs.
+            (limit / 2).clamp(64, 1 << 20)
+        };
+        // The kernel already applied the guest's umask; ours must not apply a second one.
+        // SAFETY: umask only changes this process's file creation mask.
+        unsafe { libc::umask(0) };
+        let mut instance = [0u8; 16];
+        rand::fill(&mut instance);
+        // SAFETY: geteuid has no preconditions.
+        let creds_switch = unsafe { libc::geteuid() } == 0;
+        Ok(Arc::new(Export {
+            root_path: canonical,
+            root,
+            proc_fd,
+            read_only: opts.read_only,
+            budget: FdBudget::new(cap),
+            seq: AtomicU64::new(1),
+            creds_switch,
+            instance,
+        }))
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    pub fn bump(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A fresh O_PATH descriptor of the export root, for a new session's node table.
+    pub fn root_fd(&self) -> io::Result<OwnedFd> {
+        sys::openat(self.root.as_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(to_io)
+    }
+}
+
+fn to_io(e: WireErrno) -> io::Error {
+    io::Error::from_raw_os_error(e.to_host())
+}
+
+fn cwd_fd() -> OwnedFd {
+    // An fd for "." is only used with absolute paths here; AT_FDCWD would do, but keeping
+    // every call on a BorrowedFd keeps one calling convention.
+    sys::openat(
+        // SAFETY: AT_FDCWD is a valid "descriptor" for *at calls and is never closed.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(libc::AT_FDCWD) },
+        c".",
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )
+    .expect("the current directory can be opened")
+}

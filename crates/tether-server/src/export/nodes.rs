@@ -1,0 +1,295 @@
+//! The node table: every node the client holds, keyed by node id, in a sharded map (no global
+//! lock; O(1) at millions of entries).
+//!
+//! Node ids are the host inode numbers for files on the export's own file system, so the
+//! guest's st_ino and readdir d_ino agree with the host and stay the same across server
+//! restarts; inodes of other file systems mounted inside the export get synthetic ids.
+//!
+//! Descriptors are bounded: each node holds an O_PATH descriptor while it can, and the
+//! oldest ones are closed when the export-wide budget is exceeded. A node without a
+//! descriptor is found again by (parent, name) and checked against its inode number.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use crossbeam_queue::SegQueue;
+use dashmap::DashMap;
+use tether_proto::{NodeId, WireErrno, ROOT_NODE};
+
+use super::sys::{self, SysResult};
+
+/// Where a node was last seen, to find it again after its descriptor was closed.
+#[derive(Clone)]
+struct Location {
+    parent: NodeId,
+    name: CString,
+}
+
+pub struct Node {
+    pub id: NodeId,
+    pub generation: u64,
+    pub dev: u64,
+    pub ino: u64,
+    /// S_IFMT bits of the node.
+    pub kind: u32,
+    fd: RwLock<Option<Arc<OwnedFd>>>,
+    location: Mutex<Option<Location>>,
+    /// Lookups the client holds; changed only under the table's entry lock.
+    lookups: AtomicU64,
+    budget: Arc<FdBudget>,
+}
+
+impl Node {
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind == libc::S_IFLNK
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.fd.get_mut().map(|f| f.is_some()).unwrap_or(false) {
+            self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The export-wide limit on node descriptors, with oldest-first eviction.
+pub struct FdBudget {
+    open: AtomicUsize,
+    cap: usize,
+    order: SegQueue<Weak<Node>>,
+    evicted: AtomicU64,
+}
+
+impl FdBudget {
+    pub fn new(cap: usize) -> Arc<FdBudget> {
+        Arc::new(FdBudget {
+            open: AtomicUsize::new(0),
+            cap: cap.max(16),
+            order: SegQueue::new(),
+            evicted: AtomicU64::new(0),
+        })
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    fn opened(&self, node: &Arc<Node>) {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.order.push(Arc::downgrade(node));
+        while self.open.load(Ordering::Relaxed) > self.cap {
+            let Some(old) = self.order.pop() else { break };
+            let Some(old) = old.upgrade() else { continue };
+            if old.id == ROOT_NODE {
+                self.order.push(Arc::downgrade(&old));
+                continue;
+            }
+            let mut slot = old.fd.write().unwrap();
+            if slot.take().is_some() {
+                self.open.fetch_sub(1, Ordering::Relaxed);
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Entries of forgotten nodes linger in the queue; sweep them when it grows.
+        if self.order.len() > 2 * self.cap + 1024 {
+            for _ in 0..self.order.len() {
+                match self.order.pop() {
+                    Some(w) if w.strong_count() > 0 => self.order.push(w),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+    }
+}
+
+pub struct NodeTable {
+    nodes: DashMap<NodeId, Arc<Node>>,
+    /// Synthetic ids for inodes on other file systems than the export root's.
+    foreign: DashMap<(u64, u64), NodeId>,
+    next_foreign: AtomicU64,
+    next_generation: AtomicU64,
+    root_dev: u64,
+    budget: Arc<FdBudget>,
+}
+
+const FOREIGN_BASE: u64 = 1 << 63;
+
+impl NodeTable {
+    pub fn new(root_fd: OwnedFd, budget: Arc<FdBudget>) -> SysResult<NodeTable> {
+        let st = sys::fstat(root_fd.as_fd())?;
+        let table = NodeTable {
+            nodes: DashMap::new(),
+            foreign: DashMap::new(),
+            next_foreign: AtomicU64::new(FOREIGN_BASE),
+            next_generation: AtomicU64::new(1),
+            root_dev: st.st_dev,
+            budget: budget.clone(),
+        };
+        let root = Arc::new(Node {
+            id: ROOT_NODE,
+            generation: 0,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            kind: libc::S_IFDIR,
+            fd: RwLock::new(Some(Arc::new(root_fd))),
+            location: Mutex::new(None),
+            lookups: AtomicU64::new(1),
+            budget: budget.clone(),
+        });
+        budget.opened(&root);
+        table.nodes.insert(ROOT_NODE, root);
+        Ok(table)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn root_ino(&self) -> u64 {
+        self.nodes.get(&ROOT_NODE).map(|n| n.ino).unwrap_or(0)
+    }
+
+    /// The id the guest sees for a host inode.
+    pub fn id_for(&self, dev: u64, ino: u64) -> NodeId {
+        if dev == self.root_dev && ino != ROOT_NODE && ino < FOREIGN_BASE {
+            if ino == self.root_ino() {
+                return ROOT_NODE;
+            }
+            return ino;
+        }
+        *self
+            .foreign
+            .entry((dev, ino))
+            .or_insert_with(|| self.next_foreign.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn get(&self, id: NodeId) -> SysResult<Arc<Node>> {
+        self.nodes
+            .get(&id)
+            .map(|n| n.clone())
+            .ok_or(WireErrno::ESTALE)
+    }
+
+    /// Records one more lookup of the object `fd` (an O_PATH descriptor just opened as
+    /// `name` in `parent`) and returns its node.
+    pub fn remember(
+        &self,
+        fd: OwnedFd,
+        st: &libc::stat,
+        parent: NodeId,
+        name: CString,
+    ) -> Arc<Node> {
+        let id = self.id_for(st.st_dev, st.st_ino);
+        let location = Location { parent, name };
+        let mut fresh = None;
+        let node = {
+            let mut slot = self.nodes.entry(id).or_insert_with(|| {
+                let n = Arc::new(Node {
+                    id,
+                    generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                    kind: st.st_mode & libc::S_IFMT,
+                    fd: RwLock::new(None),
+                    location: Mutex::new(None),
+                    lookups: AtomicU64::new(0),
+                    budget: self.budget.clone(),
+                });
+                fresh = Some(n.clone());
+                n
+            });
+            let node = slot.value_mut();
+            node.lookups.fetch_add(1, Ordering::Relaxed);
+            node.clone()
+        };
+        if id != ROOT_NODE {
+            *node.location.lock().unwrap() = Some(location);
+        }
+        let installed = {
+            let mut guard = node.fd.write().unwrap();
+            let empty = guard.is_none();
+            if empty {
+                *guard = Some(Arc::new(fd));
+            }
+            empty
+        };
+        if installed {
+            self.budget.opened(&node);
+        }
+        drop(fresh);
+        node
+    }
+
+    /// Drops `count` lookups; the node leaves the table when none are left.
+    pub fn forget(&self, id: NodeId, count: u64) {
+        if id == ROOT_NODE {
+            return;
+        }
+        self.nodes.remove_if(&id, |_, node| {
+            let left = node
+                .lookups
+                .load(Ordering::Relaxed)
+                .saturating_sub(count);
+            node.lookups.store(left, Ordering::Relaxed);
+            left == 0
+        });
+    }
+
+    /// Updates where a node is found after a rename made through this server.
+    pub fn moved(&self, id: NodeId, parent: NodeId, name: CString) {
+        if let Some(node) = self.nodes.get(&id) {
+            *node.location.lock().unwrap() = Some(Location { parent, name });
+        }
+    }
+
+    /// The node's descriptor, reopening it by (parent, name) if it was evicted.
+    pub fn fd(&self, node: &Arc<Node>) -> SysResult<Arc<OwnedFd>> {
+        if let Some(fd) = node.fd.read().unwrap().as_ref() {
+            return Ok(fd.clone());
+        }
+        let loc = node
+            .location
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(WireErrno::ESTALE)?;
+        let parent = self.get(loc.parent)?;
+        let parent_fd = self.fd(&parent)?;
+        let fd = sys::open_path(parent_fd.as_fd(), &loc.name).map_err(|e| {
+            if e == WireErrno::ENOENT {
+                WireErrno::ESTALE
+            } else {
+                e
+            }
+        })?;
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_dev != node.dev || st.st_ino != node.ino {
+            // The name now refers to another file: the node we knew is gone from there.
+            return Err(WireErrno::ESTALE);
+        }
+        let fd = Arc::new(fd);
+        let mut slot = node.fd.write().unwrap();
+        if let Some(existing) = slot.as_ref() {
+            return Ok(existing.clone());
+        }
+        *slot = Some(fd.clone());
+        drop(slot);
+        self.budget.opened(node);
+        Ok(fd)
+    }
+}

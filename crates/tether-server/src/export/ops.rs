@@ -1,0 +1,626 @@
+//! One session's view of the export: its nodes and open handles, and every operation.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use tether_proto::{
+    setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, NodeId, Reply, Request,
+    SetTime, Timespec, WireErrno, ROOT_NODE,
+};
+
+use super::nodes::{Node, NodeTable};
+use super::sys::{self, FsCreds, SysResult};
+use super::Export;
+
+/// Longest name a component may have (Linux NAME_MAX).
+const NAME_MAX: usize = 255;
+/// Most handles one session may hold open at once.
+pub const MAX_HANDLES: usize = 65_536;
+
+enum Handle {
+    File(OwnedFd),
+    /// Directory streams share a position, so reads of one handle are serialized.
+    Dir(Mutex<OwnedFd>),
+}
+
+pub struct ExportFs {
+    pub export: Arc<Export>,
+    pub nodes: NodeTable,
+    handles: DashMap<HandleId, Arc<Handle>>,
+    next_handle: AtomicU64,
+}
+
+/// Checks a single path component from the guest.
+fn component(name: &[u8]) -> SysResult<CString> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(WireErrno::EINVAL);
+    }
+    if name.len() > NAME_MAX {
+        return Err(WireErrno::ENAMETOOLONG);
+    }
+    CString::new(name).map_err(|_| WireErrno::EINVAL)
+}
+
+fn ts(sec: i64, nsec: i64) -> Timespec {
+    Timespec {
+        sec,
+        nsec: nsec as u32,
+    }
+}
+
+fn settime(t: SetTime) -> libc::timespec {
+    match t {
+        SetTime::Omit => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        SetTime::Now => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        SetTime::At(t) => libc::timespec {
+            tv_sec: t.sec,
+            tv_nsec: t.nsec as i64,
+        },
+    }
+}
+
+/// Size of one entry in the kernel's readdir buffer: a fuse_dirent (24 bytes) or a
+/// fuse_direntplus (128 + 24 bytes), plus the name, padded to 8 bytes.
+pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
+    let base = if plus { 152 } else { 24 };
+    (base + name_len).next_multiple_of(8)
+}
+
+impl ExportFs {
+    pub fn new(export: Arc<Export>) -> SysResult<ExportFs> {
+        let root = export
+            .root_fd()
+            .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let nodes = NodeTable::new(root, export.budget.clone())?;
+        Ok(ExportFs {
+            export,
+            nodes,
+            handles: DashMap::new(),
+            next_handle: AtomicU64::new(1),
+        })
+    }
+
+    pub fn open_handles(&self) -> usize {
+        self.handles.len()
+    }
+
+    fn attr_of(&self, st: &libc::stat, id: NodeId) -> Attr {
+        Attr {
+            ino: id,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            atime: ts(st.st_atime, st.st_atime_nsec),
+            mtime: ts(st.st_mtime, st.st_mtime_nsec),
+            ctime: ts(st.st_ctime, st.st_ctime_nsec),
+            mode: st.st_mode,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev,
+            blksize: st.st_blksize as u32,
+            seq: self.export.seq(),
+        }
+    }
+
+    fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        let node = self.nodes.get(id)?;
+        let fd = self.nodes.fd(&node)?;
+        Ok((node, fd))
+    }
+
+    fn dir_fd(&self, id: NodeId) -> SysResult<Arc<OwnedFd>> {
+        let (node, fd) = self.node_fd(id)?;
+        if !node.is_dir() {
+            return Err(WireErrno::ENOTDIR);
+        }
+        Ok(fd)
+    }
+
+    fn getattr_node(&self, id: NodeId) -> SysResult<Attr> {
+        let (_, fd) = self.node_fd(id)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok(self.attr_of(&st, id))
+    }
+
+    /// Looks `name` up in directory `parent_fd` and counts one lookup of the result.
+    fn lookup_in(&self, parent: NodeId, parent_fd: BorrowedFd<'_>, name: CString) -> SysResult<Entry> {
+        let fd = sys::open_path(parent_fd, &name)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let node = self.nodes.remember(fd, &st, parent, name);
+        Ok(Entry {
+            node: node.id,
+            generation: node.generation,
+            flags: 0,
+            attr: self.attr_of(&st, node.id),
+        })
+    }
+
+    /// Runs a creating syscall as the guest's caller, so the new file is theirs.
+    fn as_caller<T>(&self, caller: Caller, f: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
+        if self.export.creds_switch {
+            let _creds = FsCreds::switch(caller.uid, caller.gid);
+            f()
+        } else {
+            f()
+        }
+    }
+
+    fn handle(&self, fh: HandleId) -> SysResult<Arc<Handle>> {
+        self.handles
+            .get(&fh)
+            .map(|h| h.clone())
+            .ok_or(WireErrno::EBADF)
+    }
+
+    fn file(&self, fh: HandleId) -> SysResult<Arc<Handle>> {
+        let h = self.handle(fh)?;
+        match *h {
+            Handle::File(_) => Ok(h),
+            Handle::Dir(_) => Err(WireErrno::EISDIR),
+        }
+    }
+
+    fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
+        if self.handles.len() >= MAX_HANDLES {
+            return Err(WireErrno::EMFILE);
+        }
+        let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles.insert(id, Arc::new(h));
+        Ok(id)
+    }
+
+    /// Opens the node's inode again through /proc/self/fd with real access flags.
+    fn reopen(&self, fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
+        sys::openat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), flags, 0)
+    }
+
+    fn proc_path(fd: &OwnedFd) -> CString {
+        CString::new(format!("/proc/self/fd/{}", sys::raw(fd))).expect("no NUL")
+    }
+
+    fn check_writable(&self, req: &Request) -> SysResult<()> {
+        let mutating = req.op().mutates()
+            || matches!(req, Request::Open { flags, .. }
+                if flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32
+                    || flags & libc::O_TRUNC as u32 != 0);
+        if self.export.read_only && mutating {
+            return Err(WireErrno::EROFS);
+        }
+        Ok(())
+    }
+
+    /// Reads file data straight into `buf` (the outgoing frame) and returns the length.
+    pub fn read_into(&self, node: NodeId, fh: HandleId, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+        if fh == 0 {
+            let (_, fd) = self.node_fd(node)?;
+            let f = self.reopen(&fd, libc::O_RDONLY)?;
+            return sys::pread(f.as_fd(), buf, offset);
+        }
+        let h = self.file(fh)?;
+        let Handle::File(f) = &*h else { unreachable!() };
+        sys::pread(f.as_fd(), buf, offset)
+    }
+
+    pub fn readlink(&self, node: NodeId) -> SysResult<Vec<u8>> {
+        let (n, fd) = self.node_fd(node)?;
+        if !n.is_symlink() {
+            return Err(WireErrno::EINVAL);
+        }
+        sys::readlink_fd(fd.as_fd())
+    }
+
+    /// Executes one request (all but read and readlink, which write into the frame).
+    pub fn dispatch(&self, caller: Caller, req: Request) -> SysResult<Reply> {
+        self.check_writable(&req)?;
+        let mutates = req.op().mutates();
+        let r = self.execute(caller, req);
+        if mutates && r.is_ok() {
+            self.export.bump();
+        }
+        r
+    }
+
+    fn execute(&self, caller: Caller, req: Request) -> SysResult<Reply> {
+        use Request::*;
+        match req {
+            Hello(_) => Err(WireErrno::EINVAL),
+            Ping => Ok(Reply::Empty),
+            Lookup { parent, name } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
+            }
+            Forget { nodes } => {
+                for (id, n) in nodes {
+                    self.nodes.forget(id, n);
+                }
+                Ok(Reply::Empty)
+            }
+            Getattr { node, fh } => {
+                if fh != 0 {
+                    if let Ok(h) = self.handle(fh) {
+                        let st = match &*h {
+                            Handle::File(f) => sys::fstat(f.as_fd())?,
+                            Handle::Dir(d) => sys::fstat(d.lock().unwrap().as_fd())?,
+                        };
+                        return Ok(Reply::Attr(self.attr_of(&st, node)));
+                    }
+                }
+                self.getattr_node(node).map(Reply::Attr)
+            }
+            Setattr { node, fh, set } => self.setattr(node, fh, set).map(Reply::Attr),
+            Readlink { node } => self.readlink(node).map(|v| Reply::Data(Bytes::from(v))),
+            Mknod { parent, name, mode, rdev, umask } => {
+                let name = component(&name)?;
+                let kind = mode & libc::S_IFMT;
+                // Device nodes made by a guest would be usable on the host: refuse them.
+                if kind != libc::S_IFIFO && kind != libc::S_IFSOCK && kind != libc::S_IFREG {
+                    return Err(WireErrno::EPERM);
+                }
+                let pfd = self.dir_fd(parent)?;
+                let perm = mode & 0o7777 & !umask;
+                self.as_caller(caller, || sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev))?;
+                self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
+            }
+            Mkdir { parent, name, mode, umask } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                let perm = mode & 0o7777 & !umask;
+                self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm))?;
+                self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
+            }
+            Unlink { parent, name } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                sys::unlinkat(pfd.as_fd(), &name, 0).map(|_| Reply::Empty)
+            }
+            Rmdir { parent, name } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR).map(|_| Reply::Empty)
+            }
+            Symlink { parent, name, target } => {
+                let name = component(&name)?;
+                if target.len() >= libc::PATH_MAX as usize {
+                    return Err(WireErrno::ENAMETOOLONG);
+                }
+                let target = CString::new(target.to_vec()).map_err(|_| WireErrno::EINVAL)?;
+                let pfd = self.dir_fd(parent)?;
+                self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name))?;
+                self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
+            }
+            Rename { parent, name, new_parent, new_name, flags } => {
+                self.rename(parent, &name, new_parent, &new_name, flags)
+            }
+            Link { node, new_parent, new_name } => {
+                let new_name = component(&new_name)?;
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_dir() {
+                    return Err(WireErrno::EPERM);
+                }
+                let pfd = self.dir_fd(new_parent)?;
+                let linked = sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
+                    .or_else(|e| {
+                        // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+                        if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                            sys::linkat(
+                                self.export.proc_fd.as_fd(),
+                                &sys::fd_name(fd.as_fd()),
+                                pfd.as_fd(),
+                                &new_name,
+                                libc::AT_SYMLINK_FOLLOW,
+                            )
+                        } else {
+                            Err(e)
+                        }
+                    });
+                linked?;
+                self.lookup_in(new_parent, pfd.as_fd(), new_name).map(Reply::Entry)
+            }
+            Open { node, flags } => {
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_dir() && flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32 {
+                    return Err(WireErrno::EISDIR);
+                }
+                let f = self.reopen(&fd, open_host_flags(flags))?;
+                let fh = self.add_handle(Handle::File(f))?;
+                Ok(Reply::Open { fh, flags: 0 })
+            }
+            Create { parent, name, mode, umask, flags } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                let perm = mode & 0o7777 & !umask;
+                let hflags = open_host_flags(flags) | libc::O_CREAT | (flags as i32 & libc::O_EXCL) | libc::O_NOFOLLOW;
+                let f = self.as_caller(caller, || sys::openat(pfd.as_fd(), &name, hflags, perm))?;
+                // The node gets its own O_PATH descriptor of the very inode just opened.
+                let path_fd = self.reopen(&f, libc::O_PATH)?;
+                let st = sys::fstat(path_fd.as_fd())?;
+                let node = self.nodes.remember(path_fd, &st, parent, name);
+                let entry = Entry {
+                    node: node.id,
+                    generation: node.generation,
+                    flags: 0,
+                    attr: self.attr_of(&st, node.id),
+                };
+                let fh = match self.add_handle(Handle::File(f)) {
+                    Ok(fh) => fh,
+                    Err(e) => {
+                        self.nodes.forget(node.id, 1);
+                        return Err(e);
+                    }
+                };
+                Ok(Reply::Create { entry, fh, flags: 0 })
+            }
+            Read { .. } => Err(WireErrno::EINVAL),
+            Write { node, fh, offset, data } => {
+                let n = if fh == 0 {
+                    let (_, fd) = self.node_fd(node)?;
+                    let f = self.reopen(&fd, libc::O_WRONLY)?;
+                    sys::pwrite(f.as_fd(), &data, offset)?
+                } else {
+                    let h = self.file(fh)?;
+                    let Handle::File(f) = &*h else { unreachable!() };
+                    sys::pwrite(f.as_fd(), &data, offset)?
+                };
+                Ok(Reply::Written { size: n as u64 })
+            }
+            Statfs { node } => {
+                let (_, fd) = self.node_fd(node)?;
+                let s = sys::fstatvfs(fd.as_fd())?;
+                Ok(Reply::Statfs(tether_proto::Statfs {
+                    blocks: s.f_blocks,
+                    bfree: s.f_bfree,
+                    bavail: s.f_bavail,
+                    files: s.f_files,
+                    ffree: s.f_ffree,
+                    bsize: s.f_bsize as u32,
+                    namelen: s.f_namemax as u32,
+                    frsize: s.f_frsize as u32,
+                }))
+            }
+            Release { fh, .. } | Releasedir { fh, .. } => {
+                self.handles.remove(&fh);
+                Ok(Reply::Empty)
+            }
+            Flush { fh, .. } => {
+                self.handle(fh)?;
+                Ok(Reply::Empty)
+            }
+            Fsync { fh, datasync, .. } | Fsyncdir { fh, datasync, .. } => {
+                let h = self.handle(fh)?;
+                match &*h {
+                    Handle::File(f) => sys::fsync(f.as_fd(), datasync)?,
+                    Handle::Dir(d) => sys::fsync(d.lock().unwrap().as_fd(), datasync)?,
+                }
+                Ok(Reply::Empty)
+            }
+            Setxattr { node, name, value, flags } => {
+                let name = xattr_name(&name)?;
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_symlink() {
+                    return Err(WireErrno::EPERM);
+                }
+                sys::setxattr(&Self::proc_path(&fd), &name, &value, flags as i32)?;
+                Ok(Reply::Empty)
+            }
+            Getxattr { node, name, size } => {
+                let name = xattr_name(&name)?;
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_symlink() {
+                    return Err(WireErrno::ENODATA);
+                }
+                let path = Self::proc_path(&fd);
+                xattr_reply(size, |buf| sys::getxattr(&path, &name, buf))
+            }
+            Listxattr { node, size } => {
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_symlink() {
+                    return xattr_reply(size, |_| Ok(0));
+                }
+                let path = Self::proc_path(&fd);
+                xattr_reply(size, |buf| sys::listxattr(&path, buf))
+            }
+            Removexattr { node, name } => {
+                let name = xattr_name(&name)?;
+                let (n, fd) = self.node_fd(node)?;
+                if n.is_symlink() {
+                    return Err(WireErrno::EPERM);
+                }
+                sys::removexattr(&Self::proc_path(&fd), &name)?;
+                Ok(Reply::Empty)
+            }
+            Opendir { node, .. } => {
+                let fd = self.dir_fd(node)?;
+                let d = sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                let fh = self.add_handle(Handle::Dir(Mutex::new(d)))?;
+                Ok(Reply::Open { fh, flags: 0 })
+            }
+            Readdir { node, fh, offset, size, plus } => self.readdir(node, fh, offset, size, plus),
+            Access { node, mask } => {
+                let (_, fd) = self.node_fd(node)?;
+                sys::faccessat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), mask as i32)?;
+                Ok(Reply::Empty)
+            }
+            Fallocate { fh, offset, length, mode, .. } => {
+                let h = self.file(fh)?;
+                let Handle::File(f) = &*h else { unreachable!() };
+                sys::fallocate(f.as_fd(), mode as i32, offset, length)?;
+                Ok(Reply::Empty)
+            }
+            Lseek { fh, offset, whence, .. } => {
+                let h = self.file(fh)?;
+                let Handle::File(f) = &*h else { unreachable!() };
+                let off = sys::lseek(f.as_fd(), offset, whence as i32)?;
+                Ok(Reply::Lseek { offset: off })
+            }
+            CopyFileRange { fh_in, offset_in, fh_out, offset_out, len, flags, .. } => {
+                if flags != 0 {
+                    return Err(WireErrno::EINVAL);
+                }
+                let hi = self.file(fh_in)?;
+                let ho = self.file(fh_out)?;
+                let (Handle::File(fi), Handle::File(fo)) = (&*hi, &*ho) else { unreachable!() };
+                let n = sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len)?;
+                Ok(Reply::Written { size: n })
+            }
+        }
+    }
+
+    fn setattr(&self, node: NodeId, fh: HandleId, set: tether_proto::SetAttr) -> SysResult<Attr> {
+        let (n, fd) = self.node_fd(node)?;
+        let file = if fh != 0 { self.file(fh).ok() } else { None };
+        let file_fd = file.as_ref().map(|h| match &**h {
+            Handle::File(f) => f.as_fd(),
+            Handle::Dir(_) => unreachable!(),
+        });
+        if set.valid & setattr_valid::MODE != 0 {
+            if n.is_symlink() {
+                return Err(WireErrno::EOPNOTSUPP);
+            }
+            sys::fchmodat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), set.mode & 0o7777)?;
+        }
+        if set.valid & (setattr_valid::UID | setattr_valid::GID) != 0 {
+            let uid = (set.valid & setattr_valid::UID != 0).then_some(set.uid);
+            let gid = (set.valid & setattr_valid::GID != 0).then_some(set.gid);
+            sys::fchown_empty(fd.as_fd(), uid, gid)?;
+        }
+        if set.valid & setattr_valid::SIZE != 0 {
+            if n.is_dir() {
+                return Err(WireErrno::EISDIR);
+            }
+            match file_fd {
+                Some(f) => sys::ftruncate(f, set.size)?,
+                None => sys::truncate_path(&Self::proc_path(&fd), set.size)?,
+            }
+        }
+        if set.atime != SetTime::Omit || set.mtime != SetTime::Omit {
+            sys::utimens_empty(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
+        }
+        let st = sys::fstat(fd.as_fd())?;
+        Ok(self.attr_of(&st, node))
+    }
+
+    fn rename(&self, parent: NodeId, name: &[u8], new_parent: NodeId, new_name: &[u8], flags: u32) -> SysResult<Reply> {
+        let name = component(name)?;
+        let new_name = component(new_name)?;
+        let allowed = (libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) as u32;
+        if flags & !allowed != 0 {
+            return Err(WireErrno::EINVAL);
+        }
+        let pfd = self.dir_fd(parent)?;
+        let npfd = self.dir_fd(new_parent)?;
+        sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)?;
+        // Keep the moved nodes findable by name should their descriptors be evicted.
+        if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
+            self.nodes.moved(self.nodes.id_for(st.st_dev, st.st_ino), new_parent, new_name.clone());
+        }
+        if flags & libc::RENAME_EXCHANGE as u32 != 0 {
+            if let Ok(st) = sys::fstatat_nofollow(pfd.as_fd(), &name) {
+                self.nodes.moved(self.nodes.id_for(st.st_dev, st.st_ino), parent, name);
+            }
+        }
+        Ok(Reply::Empty)
+    }
+
+    fn readdir(&self, node: NodeId, fh: HandleId, offset: u64, size: u32, plus: bool) -> SysResult<Reply> {
+        let h = self.handle(fh)?;
+        let Handle::Dir(dir) = &*h else {
+            return Err(WireErrno::ENOTDIR);
+        };
+        let dir = dir.lock().unwrap();
+        let mut budget = size as usize;
+        let mut entries = Vec::new();
+        let mut failure = None;
+        sys::read_dir(dir.as_fd(), offset, |raw| {
+            let need = fuse_dirent_size(raw.name.len(), plus);
+            if need > budget {
+                return false;
+            }
+            let dots = raw.name == b"." || raw.name == b"..";
+            let ino = if raw.name == b"." {
+                node
+            } else {
+                self.nodes.id_for(self.nodes_dev(), raw.ino)
+            };
+            let entry = if plus && !dots {
+                let name = match CString::new(raw.name.clone()) {
+                    Ok(n) => n,
+                    Err(_) => return true,
+                };
+                match self.lookup_in(node, dir.as_fd(), name) {
+                    Ok(e) => Some(e),
+                    // Removed since the listing was read: skip it, as a local readdir might.
+                    Err(WireErrno::ENOENT) => return true,
+                    Err(e) => {
+                        failure = Some(e);
+                        return false;
+                    }
+                }
+            } else {
+                None
+            };
+            budget -= need;
+            entries.push(DirEntry {
+                ino: entry.as_ref().map(|e| e.node).unwrap_or(ino),
+                offset: raw.next_offset,
+                kind: raw.kind,
+                name: Bytes::from(raw.name),
+                entry,
+            });
+            true
+        })?;
+        if let (Some(e), true) = (failure, entries.is_empty()) {
+            return Err(e);
+        }
+        Ok(Reply::Dir(entries))
+    }
+
+    fn nodes_dev(&self) -> u64 {
+        self.nodes.get(ROOT_NODE).map(|n| n.dev).unwrap_or(0)
+    }
+}
+
+/// Host open flags for a guest open: creation and no-follow flags are the server's business.
+fn open_host_flags(flags: u32) -> i32 {
+    let keep = libc::O_ACCMODE
+        | libc::O_APPEND
+        | libc::O_NONBLOCK
+        | libc::O_DSYNC
+        | libc::O_SYNC
+        | libc::O_NOATIME
+        | libc::O_TRUNC
+        | libc::O_DIRECT
+        | libc::O_LARGEFILE;
+    flags as i32 & keep
+}
+
+fn xattr_name(name: &[u8]) -> SysResult<CString> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(if name.is_empty() { WireErrno::EINVAL } else { WireErrno::ERANGE });
+    }
+    CString::new(name).map_err(|_| WireErrno::EINVAL)
+}
+
+/// getxattr/listxattr: with size 0 report the size, else return the value or ERANGE.
+fn xattr_reply(size: u32, mut get: impl FnMut(&mut [u8]) -> SysResult<usize>) -> SysResult<Reply> {
+    if size == 0 {
+        return Ok(Reply::XattrSize(get(&mut [])? as u32));
+    }
+    let mut buf = vec![0u8; size.min(64 * 1024) as usize];
+    let n = get(&mut buf)?;
+    buf.truncate(n);
+    Ok(Reply::XattrData(Bytes::from(buf)))
+}
+
+#[allow(dead_code)]
+fn _assert_cstr(_: &CStr) {}

@@ -1,0 +1,436 @@
+//! Thin, safe wrappers over the `*at()` syscalls the export uses. Every call is relative to a
+//! descriptor the server holds; none of them resolves a multi-component path from the guest.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use tether_proto::WireErrno;
+
+pub type SysResult<T> = Result<T, WireErrno>;
+
+fn last_errno() -> WireErrno {
+    WireErrno::from_host(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn cvt(ret: libc::c_int) -> SysResult<libc::c_int> {
+    if ret < 0 {
+        Err(last_errno())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_isize(ret: isize) -> SysResult<usize> {
+    if ret < 0 {
+        Err(last_errno())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Name of a descriptor inside /proc/self/fd, for the calls that must reopen or follow it.
+pub fn fd_name(fd: BorrowedFd<'_>) -> CString {
+    CString::new(fd.as_raw_fd().to_string()).expect("digits have no NUL")
+}
+
+pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
+    // SAFETY: `name` is a valid C string; the returned descriptor is fresh and owned by us.
+    let fd = cvt(unsafe {
+        libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode)
+    })?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `name` in `dir` as an O_PATH descriptor without following a final symlink.
+pub fn open_path(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<OwnedFd> {
+    openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: st points to writable memory of the right size.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so it filled st.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid C string and writable stat buffer.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded, so it filled st.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev) }).map(drop)
+}
+
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+pub fn renameat2(
+    old_dir: BorrowedFd<'_>,
+    old: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &CStr,
+    flags: u32,
+) -> SysResult<()> {
+    // SAFETY: valid C strings; renameat2 does not retain them.
+    cvt(unsafe {
+        libc::renameat2(
+            old_dir.as_raw_fd(),
+            old.as_ptr(),
+            new_dir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+pub fn linkat(
+    old_dir: BorrowedFd<'_>,
+    old: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &CStr,
+    flags: i32,
+) -> SysResult<()> {
+    // SAFETY: valid C strings.
+    cvt(unsafe {
+        libc::linkat(
+            old_dir.as_raw_fd(),
+            old.as_ptr(),
+            new_dir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// Reads the target of the symlink `fd` refers to (an O_PATH descriptor).
+pub fn readlink_fd(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buf is writable for its length; an empty path means the descriptor itself.
+    let n = cvt_isize(unsafe {
+        libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+    })?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+pub fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode, 0) }).map(drop)
+}
+
+/// chown of the object an O_PATH descriptor refers to, without following symlinks.
+pub fn fchown_empty(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
+    let uid = uid.unwrap_or(u32::MAX);
+    let gid = gid.unwrap_or(u32::MAX);
+    // SAFETY: empty C string with AT_EMPTY_PATH operates on the descriptor itself.
+    cvt(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// utimensat on the object an O_PATH descriptor refers to (symlinks included).
+pub fn utimens_empty(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> SysResult<()> {
+    // SAFETY: times points to two timespecs; empty path with AT_EMPTY_PATH is the fd itself.
+    cvt(unsafe {
+        libc::utimensat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            times.as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn truncate_path(path: &CStr, size: u64) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) }).map(drop)
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
+    // SAFETY: plain syscall on a valid descriptor.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) }).map(drop)
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled part of buf.
+        let n = cvt_isize(unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        });
+        match n {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(WireErrno::EINTR) => continue,
+            Err(e) if done == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(done)
+}
+
+pub fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unwritten part of buf.
+        let n = cvt_isize(unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        });
+        match n {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(WireErrno::EINTR) => continue,
+            Err(e) if done == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(done)
+}
+
+pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
+    // SAFETY: plain syscalls on a valid descriptor.
+    cvt(unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    })
+    .map(drop)
+}
+
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: writable buffer of the right size.
+    cvt(unsafe { libc::fstatvfs(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
+    // SAFETY: plain syscall on a valid descriptor.
+    cvt(unsafe {
+        libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+    })
+    .map(drop)
+}
+
+pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
+    // SAFETY: plain syscall on a valid descriptor.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        Err(last_errno())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+pub fn copy_file_range(
+    fd_in: BorrowedFd<'_>,
+    off_in: u64,
+    fd_out: BorrowedFd<'_>,
+    off_out: u64,
+    len: u64,
+) -> SysResult<u64> {
+    let mut oi = off_in as libc::loff_t;
+    let mut oo = off_out as libc::loff_t;
+    // SAFETY: the offsets are local variables the kernel updates; descriptors are valid.
+    let n = cvt_isize(unsafe {
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            &mut oi,
+            fd_out.as_raw_fd(),
+            &mut oo,
+            len as usize,
+            0,
+        )
+    })?;
+    Ok(n as u64)
+}
+
+pub fn faccessat(dir: BorrowedFd<'_>, name: &CStr, mask: i32) -> SysResult<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::faccessat(dir.as_raw_fd(), name.as_ptr(), mask, 0) }).map(drop)
+}
+
+pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    // SAFETY: buf is writable for its length (a null pointer with length 0 asks for the size).
+    cvt_isize(unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            if buf.is_empty() { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            buf.len(),
+        )
+    })
+}
+
+pub fn listxattr(path: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    // SAFETY: as for getxattr.
+    cvt_isize(unsafe {
+        libc::listxattr(
+            path.as_ptr(),
+            if buf.is_empty() { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            buf.len(),
+        )
+    })
+}
+
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
+    // SAFETY: value is readable for its length.
+    cvt(unsafe {
+        libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+    })
+    .map(drop)
+}
+
+pub fn removexattr(path: &CStr, name: &CStr) -> SysResult<()> {
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// One entry read from a directory stream.
+pub struct RawDirEntry {
+    pub ino: u64,
+    pub next_offset: u64,
+    pub kind: u8,
+    pub name: Vec<u8>,
+}
+
+/// Reads directory entries from `fd` starting at `offset` (a cookie from an earlier entry,
+/// or 0), calling `take` for each until it returns false or the directory ends.
+pub fn read_dir(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    mut take: impl FnMut(RawDirEntry) -> bool,
+) -> SysResult<()> {
+    lseek(fd, offset as i64, libc::SEEK_SET)?;
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        // SAFETY: buf is writable for its length; getdents64 fills it with linux_dirent64s.
+        let n = cvt_isize(unsafe {
+            libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len())
+                as isize
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut pos = 0;
+        while pos < n {
+            // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name (NUL-terminated).
+            let ino = u64::from_ne_bytes(buf[pos..pos + 8].try_into().unwrap());
+            let off = i64::from_ne_bytes(buf[pos + 8..pos + 16].try_into().unwrap());
+            let reclen = u16::from_ne_bytes(buf[pos + 16..pos + 18].try_into().unwrap()) as usize;
+            let kind = buf[pos + 18];
+            let name_area = &buf[pos + 19..pos + reclen];
+            let len = name_area.iter().position(|&b| b == 0).unwrap_or(name_area.len());
+            let entry = RawDirEntry {
+                ino,
+                next_offset: off as u64,
+                kind,
+                name: name_area[..len].to_vec(),
+            };
+            if !take(entry) {
+                return Ok(());
+            }
+            pos += reclen;
+        }
+    }
+}
+
+/// Switches this thread's filesystem uid and gid (Linux setfsuid/setfsgid are per thread),
+/// so files the guest creates belong to the guest's caller. Restored on drop.
+pub struct FsCreds {
+    old_uid: u32,
+    old_gid: u32,
+}
+
+impl FsCreds {
+    pub fn switch(uid: u32, gid: u32) -> FsCreds {
+        // SAFETY: setfsgid/setfsuid only change this thread's fs credentials and return
+        // the previous values.
+        unsafe {
+            let old_gid = libc::setfsgid(gid) as u32;
+            let old_uid = libc::setfsuid(uid) as u32;
+            FsCreds { old_uid, old_gid }
+        }
+    }
+}
+
+impl Drop for FsCreds {
+    fn drop(&mut self) {
+        // SAFETY: restoring the values setfs*id returned.
+        unsafe {
+            libc::setfsuid(self.old_uid);
+            libc::setfsgid(self.old_gid);
+        }
+    }
+}
+
+/// Raises the open-file soft limit to the hard limit and returns the new limit.
+pub fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit to fill and then to set.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    lim.rlim_cur
+}
+
+pub fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}

@@ -1,0 +1,176 @@
+//! One client connection: handshake, then a reader that queues requests for a pool of
+//! workers, which execute them concurrently and write replies as they finish (out of order).
+
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use bytes::Bytes;
+use crossbeam_channel::{bounded, Receiver};
+use tether_proto::frame::FLAG_NO_REPLY;
+use tether_proto::{
+    data_reply_frame, reply_frame, FrameHeader, FrameKind, HelloReply, Op, Reply, Request,
+    WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
+};
+use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
+use tether_transport::Stream;
+
+use crate::export::{Export, ExportFs};
+
+/// Limits of one session.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// Requests queued or executing at once; the reader stops reading beyond this.
+    pub max_in_flight: usize,
+    /// Worker threads executing this session's requests.
+    pub workers: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_in_flight: 256,
+            workers: 8,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("connection error: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// Serves one connection until the client disconnects or breaks the protocol.
+pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) -> Result<(), SessionError> {
+    let Stream {
+        mut reader,
+        mut writer,
+        closer,
+        peer,
+    } = stream;
+    write_magic(&mut *writer)?;
+    read_magic(&mut *reader, 0)?;
+
+    // The first frame must be HELLO.
+    let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?
+        .ok_or_else(|| SessionError::Protocol("closed before HELLO".into()))?;
+    if h.kind != FrameKind::Request || h.op != Op::Hello as u16 {
+        return Err(SessionError::Protocol(format!("expected HELLO, got op {}", h.op)));
+    }
+    let (_, req) = Request::decode(h.op, body).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let Request::Hello(hello) = req else { unreachable!() };
+    let version_ok = hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version;
+    let result = if version_ok {
+        Ok(Reply::Hello(HelloReply {
+            version: PROTOCOL_VERSION,
+            features: hello.features & tether_proto::handshake::features::IO_BY_NODE,
+            max_frame: MAX_FRAME_LEN as u32,
+            max_in_flight: limits.max_in_flight as u32,
+            instance: export.instance,
+            read_only: export.read_only,
+        }))
+    } else {
+        Err(WireErrno::EPROTO)
+    };
+    writer.write_all(&reply_frame(h.op, h.id, &result))?;
+    writer.flush()?;
+    if !version_ok {
+        return Err(SessionError::Protocol(format!(
+            "client speaks versions {}..={}, this server {}",
+            hello.min_version, hello.max_version, PROTOCOL_VERSION
+        )));
+    }
+    tracing::info!(
+        peer = %peer,
+        client = %String::from_utf8_lossy(&hello.client_name),
+        "session started"
+    );
+
+    let fs = Arc::new(ExportFs::new(export).map_err(|e| SessionError::Protocol(e.to_string()))?);
+    let writer: SharedWriter = Arc::new(Mutex::new(writer));
+    let (tx, rx) = bounded::<(FrameHeader, Bytes)>(limits.max_in_flight);
+    let workers: Vec<_> = (0..limits.workers)
+        .map(|i| {
+            let (fs, rx, writer, closer) = (fs.clone(), rx.clone(), writer.clone(), closer.clone());
+            thread::Builder::new()
+                .name(format!("tether-worker-{i}"))
+                .spawn(move || {
+                    if let Err(e) = worker(&fs, &rx, &writer) {
+                        tracing::warn!("closing session: {e}");
+                        closer.close();
+                    }
+                })
+                .expect("spawn worker")
+        })
+        .collect();
+    drop(rx);
+
+    let outcome = loop {
+        match read_frame(&mut *reader, MAX_FRAME_LEN) {
+            Ok(Some((h, body))) => {
+                if h.kind != FrameKind::Request {
+                    break Err(SessionError::Protocol(format!("unexpected frame kind {:?}", h.kind)));
+                }
+                if tx.send((h, body)).is_err() {
+                    break Ok(());
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+    };
+    drop(tx);
+    closer.close();
+    for w in workers {
+        let _ = w.join();
+    }
+    tracing::info!(peer = %peer, nodes = fs.nodes.len(), handles = fs.open_handles(), "session ended");
+    outcome
+}
+
+fn worker(fs: &ExportFs, rx: &Receiver<(FrameHeader, Bytes)>, writer: &SharedWriter) -> Result<(), SessionError> {
+    for (h, body) in rx.iter() {
+        let frame = match handle_frame(fs, &h, body) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => continue,
+            Err(e) => return Err(e),
+        };
+        let mut w = writer.lock().unwrap();
+        write_frame(&mut **w, &frame)?;
+    }
+    Ok(())
+}
+
+/// Executes one request frame and returns the reply frame (None for one-way requests).
+/// A malformed request is a protocol error that ends the session.
+pub fn handle_frame(fs: &ExportFs, h: &FrameHeader, body: Bytes) -> Result<Option<Vec<u8>>, SessionError> {
+    let (caller, req) = match Request::decode(h.op, body) {
+        Ok(r) => r,
+        Err(tether_proto::DecodeError::UnknownOp(op)) => {
+            // Unknown operations get ENOSYS so newer clients can probe; the session goes on.
+            return Ok(Some(reply_frame(op, h.id, &Err(WireErrno::ENOSYS))));
+        }
+        Err(e) => return Err(SessionError::Protocol(format!("bad request (op {}): {e}", h.op))),
+    };
+    let no_reply = h.flags & FLAG_NO_REPLY != 0;
+    let frame = match req {
+        Request::Read { node, fh, offset, size } => {
+            let size = (size as usize).min(MAX_FRAME_LEN - 64);
+            data_reply_frame(h.op, h.id, size, |buf| fs.read_into(node, fh, offset, buf))
+        }
+        Request::Readlink { node } => {
+            let r = fs.readlink(node).map(|v| Reply::Data(Bytes::from(v)));
+            reply_frame(h.op, h.id, &r)
+        }
+        req => {
+            let r = fs.dispatch(caller, req);
+            reply_frame(h.op, h.id, &r)
+        }
+    };
+    Ok(if no_reply { None } else { Some(frame) })
+}
