@@ -54,7 +54,15 @@ pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) 
         peer,
     } = stream;
     write_magic(&mut *writer)?;
-    read_magic(&mut *reader, 0)?;
+    match read_magic(&mut *reader, 0) {
+        Ok(()) => {}
+        // A peer that connects and leaves without a word (a readiness probe) is no error.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(peer = %peer, "peer closed before the handshake");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    }
 
     // The first frame must be HELLO.
     let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?

@@ -1,0 +1,186 @@
+//! Test fixture: a real `tether serve` process and a real `tether mount` process on a FUSE
+//! mount, torn down (unmounted, processes stopped) even when a test fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const TETHER: &str = env!("CARGO_BIN_EXE_tether");
+
+/// Why real-mount tests cannot run here, if they cannot.
+pub fn mount_unavailable() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (the tests mount with allow_other)".into());
+    }
+    None
+}
+
+/// Skips the calling test with a printed reason when mounts are unavailable.
+#[macro_export]
+macro_rules! require_mount {
+    () => {
+        if let Some(why) = common::mount_unavailable() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+pub struct Server {
+    pub child: Child,
+    pub address: String,
+}
+
+impl Server {
+    /// Starts `tether serve DIR --listen ADDRESS EXTRA...` and waits until it listens.
+    pub fn start(dir: &Path, address: &str, extra: &[&str]) -> Server {
+        let child = Command::new(TETHER)
+            .arg("serve")
+            .arg(dir)
+            .args(["--listen", address])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tether serve");
+        let server = Server {
+            child,
+            address: address.to_string(),
+        };
+        server.wait_listening();
+        server
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = match self.address.split_once(':') {
+                Some(("unix", p)) => std::os::unix::net::UnixStream::connect(p).is_ok(),
+                Some(("tcp", a)) => std::net::TcpStream::connect(a).is_ok(),
+                _ => panic!("bad address {}", self.address),
+            };
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server did not start listening on {}", self.address);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: sending SIGTERM to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let want = mnt.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&want))
+}
+
+pub struct Mount {
+    pub child: Child,
+    pub path: PathBuf,
+}
+
+impl Mount {
+    /// Starts `tether mount ADDRESS MNT EXTRA...` and waits until the mount is up.
+    pub fn start(address: &str, mnt: &Path, extra: &[&str]) -> Mount {
+        let mut child = Command::new(TETHER)
+            .arg("mount")
+            .arg(address)
+            .arg(mnt)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tether mount");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_mounted(mnt) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("tether mount exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear at {}", mnt.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mount {
+            child,
+            path: mnt.to_path_buf(),
+        }
+    }
+
+    /// Unmounts (like Ctrl-C) and waits for the client to exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = Command::new(TETHER).args(["unmount", "--lazy"]).arg(&self.path).status();
+                let _ = self.child.kill();
+                return self.child.wait().expect("wait for mount");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.stop();
+        }
+        if is_mounted(&self.path) {
+            let _ = Command::new(TETHER).args(["unmount", "--lazy"]).arg(&self.path).status();
+        }
+    }
+}
+
+/// An export directory served over a Unix socket and mounted: the usual test setup.
+/// Field order matters: the mount is dropped (unmounted) before the server stops.
+pub struct TestMount {
+    pub mount: Mount,
+    pub server: Server,
+    pub export: PathBuf,
+    pub mnt: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestMount {
+    pub fn start() -> TestMount {
+        Self::start_with(&[], &[])
+    }
+
+    pub fn start_with(serve_args: &[&str], mount_args: &[&str]) -> TestMount {
+        let dir = tempfile::Builder::new().prefix("tether-test").tempdir().expect("tempdir");
+        let export = dir.path().join("export");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&export).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        let address = format!("unix:{}", dir.path().join("tether.sock").display());
+        let server = Server::start(&export, &address, serve_args);
+        let mount = Mount::start(&address, &mnt, mount_args);
+        TestMount {
+            mount,
+            server,
+            export,
+            mnt,
+            dir,
+        }
+    }
+}

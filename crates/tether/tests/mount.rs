@@ -1,0 +1,198 @@
+//! Real server, real FUSE mount, real files: the behaviours the POSIX comparison suite cannot
+//! express (changes on the host side, transports, the command line, descriptor bounds).
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Mount, Server, TestMount, TETHER};
+
+/// Waits until `f` holds (host-side changes show through the mount after the attribute
+/// timeout until pushed invalidation lands).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn host_files_show_through_and_guest_writes_land_on_host() {
+    require_mount!();
+    let t = TestMount::start();
+    fs::write(t.export.join("host.txt"), b"from host").unwrap();
+    assert_eq!(fs::read(t.mnt.join("host.txt")).unwrap(), b"from host");
+    fs::write(t.mnt.join("guest.txt"), b"from guest").unwrap();
+    assert_eq!(fs::read(t.export.join("guest.txt")).unwrap(), b"from guest");
+    // st_ino in the guest is the host inode number.
+    assert_eq!(
+        fs::metadata(t.mnt.join("guest.txt")).unwrap().ino(),
+        fs::metadata(t.export.join("guest.txt")).unwrap().ino()
+    );
+    // A host-side rewrite is seen once the short attribute timeout has passed.
+    fs::write(t.export.join("host.txt"), b"changed on host!").unwrap();
+    eventually("host rewrite visible", || {
+        fs::read(t.mnt.join("host.txt")).ok().as_deref() == Some(&b"changed on host!"[..])
+    });
+}
+
+#[test]
+fn open_file_survives_unlink_and_rename_on_the_host() {
+    require_mount!();
+    let t = TestMount::start();
+    fs::write(t.export.join("u"), b"0123456789").unwrap();
+    fs::write(t.export.join("r"), b"abcdef").unwrap();
+    fs::create_dir(t.export.join("sub")).unwrap();
+    let mut fu = fs::OpenOptions::new().read(true).write(true).open(t.mnt.join("u")).unwrap();
+    let mut fr = fs::OpenOptions::new().read(true).write(true).open(t.mnt.join("r")).unwrap();
+
+    fs::remove_file(t.export.join("u")).unwrap();
+    fs::rename(t.export.join("r"), t.export.join("sub/r2")).unwrap();
+
+    let mut s = String::new();
+    fu.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "0123456789");
+    fu.write_all(b"more").unwrap();
+    fu.seek(SeekFrom::Start(0)).unwrap();
+    s.clear();
+    fu.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "0123456789more");
+    assert_eq!(fu.metadata().unwrap().len(), 14);
+
+    fr.seek(SeekFrom::End(0)).unwrap();
+    fr.write_all(b"gh").unwrap();
+    fr.sync_all().unwrap();
+    assert_eq!(fs::read(t.export.join("sub/r2")).unwrap(), b"abcdefgh");
+    assert_eq!(fr.metadata().unwrap().len(), 8);
+    eventually("renamed file visible under its new name", || {
+        fs::read(t.mnt.join("sub/r2")).ok().as_deref() == Some(&b"abcdefgh"[..])
+    });
+}
+
+#[test]
+fn tcp_loopback_mount_works() {
+    require_mount!();
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("e");
+    let mnt = dir.path().join("m");
+    fs::create_dir(&export).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    fs::write(export.join("f"), b"over tcp").unwrap();
+    // Find a free port, then serve on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("tcp:127.0.0.1:{port}");
+    let _server = Server::start(&export, &addr, &[]);
+    let mut m = Mount::start(&addr, &mnt, &[]);
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"over tcp");
+    fs::write(mnt.join("g"), b"back").unwrap();
+    assert_eq!(fs::read(export.join("g")).unwrap(), b"back");
+    assert!(m.stop().success());
+    assert!(!common::is_mounted(&mnt));
+}
+
+#[test]
+fn ctrl_c_unmounts_cleanly() {
+    require_mount!();
+    let mut t = TestMount::start();
+    fs::write(t.mnt.join("x"), b"x").unwrap();
+    let status = t.mount.stop();
+    assert!(status.success(), "mount exited with {status}");
+    assert!(!common::is_mounted(&t.mnt));
+    assert_eq!(fs::read(t.export.join("x")).unwrap(), b"x");
+}
+
+#[test]
+fn unmount_command_clears_a_mount_whose_client_was_killed() {
+    require_mount!();
+    let mut t = TestMount::start();
+    t.mount.child.kill().unwrap();
+    t.mount.child.wait().unwrap();
+    assert!(common::is_mounted(&t.mnt), "a killed client leaves its mount behind");
+    let out = Command::new(TETHER).arg("unmount").arg(&t.mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!common::is_mounted(&t.mnt));
+}
+
+fn run_tether(args: &[&str]) -> (bool, String) {
+    let out = Command::new(TETHER).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_command_lines_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+
+    let (ok, err) = run_tether(&["serve", d, "--listen", "tcp:0.0.0.0:7070"]);
+    assert!(!ok);
+    assert!(err.contains("not authenticated") && err.contains("loopback"), "{err}");
+
+    let (ok, err) = run_tether(&["serve", d, "--listen", "/no/scheme.sock"]);
+    assert!(!ok);
+    assert!(err.contains("unix:") && err.contains("tcp:"), "{err}");
+
+    let (ok, err) = run_tether(&["serve", &format!("{d}/missing"), "--listen", &format!("unix:{d}/s")]);
+    assert!(!ok);
+    assert!(err.contains("cannot export") && err.contains("missing"), "{err}");
+
+    let (ok, err) = run_tether(&["mount", &format!("unix:{d}/nobody.sock"), d]);
+    assert!(!ok);
+    assert!(err.contains("cannot connect"), "{err}");
+
+    let (ok, err) = run_tether(&["mount", &format!("unix:{d}/s"), &format!("{d}/nodir")]);
+    assert!(!ok);
+    assert!(err.contains("not a directory"), "{err}");
+}
+
+#[test]
+fn a_client_that_is_not_tether_is_refused_and_the_server_keeps_serving() {
+    require_mount!();
+    let t = TestMount::start();
+    let sock = t.dir.path().join("tether.sock");
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    // The server sends its magic, then closes on the garbage.
+    let _ = s.read_to_end(&mut buf);
+    assert!(buf.len() <= 8, "server answered garbage with {} bytes", buf.len());
+    fs::write(t.mnt.join("still"), b"serving").unwrap();
+    assert_eq!(fs::read(t.export.join("still")).unwrap(), b"serving");
+}
+
+fn count_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn descriptors_stay_bounded_while_walking_a_large_tree() {
+    require_mount!();
+    let t = TestMount::start_with(&["--max-node-fds", "64"], &[]);
+    for d in 0..20 {
+        let dir = t.export.join(format!("d{d}"));
+        fs::create_dir(&dir).unwrap();
+        for f in 0..100 {
+            fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    let mut max_fds = 0;
+    // Walk twice: the second walk revisits nodes whose descriptors were evicted.
+    for _ in 0..2 {
+        for d in 0..20 {
+            for f in 0..100 {
+                let p = t.mnt.join(format!("d{d}/f{f}"));
+                assert_eq!(fs::read_to_string(&p).unwrap(), format!("{d}/{f}"));
+            }
+            max_fds = max_fds.max(count_fds(t.server.child.id()));
+        }
+    }
+    assert!(max_fds < 64 + 32, "server held {max_fds} descriptors with a budget of 64");
+    // Renames made through the mount keep evicted nodes findable.
+    fs::rename(t.mnt.join("d0"), t.mnt.join("renamed")).unwrap();
+    assert_eq!(fs::read_to_string(t.mnt.join("renamed/f5")).unwrap(), "0/5");
+}
