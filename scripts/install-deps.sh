@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing Tether needs on Debian, as root: a Rust toolchain if
+# there is none, and the Debian packages the tests and benchmarks use. Idempotent and quick
+# when everything is already there.
+set -euo pipefail
+
+need=()
+command -v cc >/dev/null || need+=(build-essential)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v git >/dev/null || need+=(git)
+for extra in "$@"; do
+  dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
+done
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+  # Debian's own Rust; rustup is preferred where its download server can be reached.
+  need+=(cargo rustc)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ! -e /dev/fuse ]; then
+  modprobe fuse 2>/dev/null || true
+fi
