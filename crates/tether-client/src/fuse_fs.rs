@@ -85,14 +85,14 @@ fn set_time(t: Option<TimeOrNow>) -> SetTime {
                     nsec: d.subsec_nanos(),
                 },
                 Err(e) => {
+                    // fuser 0.18 decodes the kernel's (sec < 0, nsec) as EPOCH - (-sec + nsec)
+                    // (see its time.rs TODO) instead of EPOCH - (-sec) + nsec; undo exactly
+                    // that to recover the kernel's values.
                     let d = e.duration();
-                    let mut sec = -(d.as_secs() as i64);
-                    let mut nsec = d.subsec_nanos();
-                    if nsec > 0 {
-                        sec -= 1;
-                        nsec = 1_000_000_000 - nsec;
+                    Timespec {
+                        sec: -(d.as_secs() as i64),
+                        nsec: d.subsec_nanos(),
                     }
-                    Timespec { sec, nsec }
                 }
             };
             SetTime::At(ts)
@@ -153,8 +153,18 @@ macro_rules! kernel_reply {
     ($($t:ty),*) => { $(impl KernelReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
 }
 kernel_reply!(
-    ReplyEntry, ReplyAttr, ReplyData, ReplyEmpty, ReplyOpen, ReplyWrite, ReplyStatfs, ReplyXattr,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyCreate, ReplyLseek
+    ReplyEntry,
+    ReplyAttr,
+    ReplyData,
+    ReplyEmpty,
+    ReplyOpen,
+    ReplyWrite,
+    ReplyStatfs,
+    ReplyXattr,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyCreate,
+    ReplyLseek
 );
 
 impl TetherFs {
@@ -167,21 +177,27 @@ impl TetherFs {
         reply: R,
         ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
     ) {
-        self.conn.call(caller(req), &msg, move |res: ReplyResult| match res {
-            Ok(r) => {
-                if let Err(reply) = ok(reply, r) {
-                    reply.fail(Errno::EIO);
+        self.conn
+            .call(caller(req), &msg, move |res: ReplyResult| match res {
+                Ok(r) => {
+                    if let Err(reply) = ok(reply, r) {
+                        reply.fail(Errno::EIO);
+                    }
                 }
-            }
-            Err(e) => reply.fail(errno(e)),
-        });
+                Err(e) => reply.fail(errno(e)),
+            });
     }
 
     fn entry_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEntry) {
         let ttl = self.cache;
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Entry(e) => {
-                reply.entry_with_ttls(&ttl.attr_ttl, &ttl.entry_ttl, &file_attr(&e.attr), Generation(e.generation));
+                reply.entry_with_ttls(
+                    &ttl.attr_ttl,
+                    &ttl.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(e.generation),
+                );
                 Ok(())
             }
             _ => Err(reply),
@@ -266,11 +282,23 @@ impl Filesystem for TetherFs {
     }
 
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        self.entry_call(req, Request::Lookup { parent: parent.0, name: name(n) }, reply);
+        self.entry_call(
+            req,
+            Request::Lookup {
+                parent: parent.0,
+                name: name(n),
+            },
+            reply,
+        );
     }
 
     fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
-        self.conn.send_oneway(caller(req), &Request::Forget { nodes: vec![(ino.0, nlookup)] });
+        self.conn.send_oneway(
+            caller(req),
+            &Request::Forget {
+                nodes: vec![(ino.0, nlookup)],
+            },
+        );
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -319,37 +347,103 @@ impl Filesystem for TetherFs {
             mtime: set_time(mtime),
         };
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        self.attr_call(req, Request::Setattr { node: ino.0, fh, set }, reply);
+        self.attr_call(
+            req,
+            Request::Setattr {
+                node: ino.0,
+                fh,
+                set,
+            },
+            reply,
+        );
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
-        self.call(req, Request::Readlink { node: ino.0 }, reply, |reply, r| match r {
-            Reply::Data(d) => {
-                reply.data(&d);
-                Ok(())
-            }
-            _ => Err(reply),
-        });
+        self.call(
+            req,
+            Request::Readlink { node: ino.0 },
+            reply,
+            |reply, r| match r {
+                Reply::Data(d) => {
+                    reply.data(&d);
+                    Ok(())
+                }
+                _ => Err(reply),
+            },
+        );
     }
 
-    fn mknod(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        let msg = Request::Mknod { parent: parent.0, name: name(n), mode, rdev: rdev as u64, umask };
+    fn mknod(
+        &self,
+        req: &FuseRequest,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let msg = Request::Mknod {
+            parent: parent.0,
+            name: name(n),
+            mode,
+            rdev: rdev as u64,
+            umask,
+        };
         self.entry_call(req, msg, reply);
     }
 
-    fn mkdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        self.entry_call(req, Request::Mkdir { parent: parent.0, name: name(n), mode, umask }, reply);
+    fn mkdir(
+        &self,
+        req: &FuseRequest,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry_call(
+            req,
+            Request::Mkdir {
+                parent: parent.0,
+                name: name(n),
+                mode,
+                umask,
+            },
+            reply,
+        );
     }
 
     fn unlink(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Unlink { parent: parent.0, name: name(n) }, reply);
+        self.empty_call(
+            req,
+            Request::Unlink {
+                parent: parent.0,
+                name: name(n),
+            },
+            reply,
+        );
     }
 
     fn rmdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Rmdir { parent: parent.0, name: name(n) }, reply);
+        self.empty_call(
+            req,
+            Request::Rmdir {
+                parent: parent.0,
+                name: name(n),
+            },
+            reply,
+        );
     }
 
-    fn symlink(&self, req: &FuseRequest, parent: INodeNo, link: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &FuseRequest,
+        parent: INodeNo,
+        link: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
         let msg = Request::Symlink {
             parent: parent.0,
             name: name(link),
@@ -378,13 +472,31 @@ impl Filesystem for TetherFs {
         self.empty_call(req, msg, reply);
     }
 
-    fn link(&self, req: &FuseRequest, ino: INodeNo, new_parent: INodeNo, new_name: &OsStr, reply: ReplyEntry) {
-        let msg = Request::Link { node: ino.0, new_parent: new_parent.0, new_name: name(new_name) };
+    fn link(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let msg = Request::Link {
+            node: ino.0,
+            new_parent: new_parent.0,
+            new_name: name(new_name),
+        };
         self.entry_call(req, msg, reply);
     }
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.open_call(req, Request::Open { node: ino.0, flags: flags.0 as u32 }, reply);
+        self.open_call(
+            req,
+            Request::Open {
+                node: ino.0,
+                flags: flags.0 as u32,
+            },
+            reply,
+        );
     }
 
     fn read(
@@ -398,7 +510,12 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let msg = Request::Read { node: ino.0, fh: fh.0, offset, size };
+        let msg = Request::Read {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            size,
+        };
         self.call(req, msg, reply, |reply, r| match r {
             Reply::Data(d) => {
                 reply.data(&d);
@@ -420,12 +537,32 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let msg = Request::Write { node: ino.0, fh: fh.0, offset, data: Bytes::copy_from_slice(data) };
+        let msg = Request::Write {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            data: Bytes::copy_from_slice(data),
+        };
         self.written_call(req, msg, reply);
     }
 
-    fn flush(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Flush { node: ino.0, fh: fh.0, lock_owner: lock_owner.0 }, reply);
+    fn flush(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.empty_call(
+            req,
+            Request::Flush {
+                node: ino.0,
+                fh: fh.0,
+                lock_owner: lock_owner.0,
+            },
+            reply,
+        );
     }
 
     fn release(
@@ -438,24 +575,71 @@ impl Filesystem for TetherFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.empty_call(req, Request::Release { node: ino.0, fh: fh.0 }, reply);
+        self.empty_call(
+            req,
+            Request::Release {
+                node: ino.0,
+                fh: fh.0,
+            },
+            reply,
+        );
     }
 
-    fn fsync(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Fsync { node: ino.0, fh: fh.0, datasync }, reply);
+    fn fsync(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.empty_call(
+            req,
+            Request::Fsync {
+                node: ino.0,
+                fh: fh.0,
+                datasync,
+            },
+            reply,
+        );
     }
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.open_call(req, Request::Opendir { node: ino.0, flags: flags.0 as u32 }, reply);
+        self.open_call(
+            req,
+            Request::Opendir {
+                node: ino.0,
+                flags: flags.0 as u32,
+            },
+            reply,
+        );
     }
 
-    fn readdir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
         // fuser does not tell us the kernel's buffer size; a page-sized answer always fits.
-        let msg = Request::Readdir { node: ino.0, fh: fh.0, offset, size: 4096, plus: false };
+        let msg = Request::Readdir {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            size: 4096,
+            plus: false,
+        };
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir(entries) => {
                 for e in entries {
-                    if reply.add(INodeNo(e.ino), e.offset, kind_of_dtype(e.kind), OsStr::from_bytes(&e.name)) {
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.offset,
+                        kind_of_dtype(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    ) {
                         break;
                     }
                 }
@@ -466,8 +650,21 @@ impl Filesystem for TetherFs {
         });
     }
 
-    fn readdirplus(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        let msg = Request::Readdir { node: ino.0, fh: fh.0, offset, size: 4096, plus: true };
+    fn readdirplus(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        let msg = Request::Readdir {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            size: 4096,
+            plus: true,
+        };
         let ttl = self.cache;
         let conn = self.conn.clone();
         let who = caller(req);
@@ -478,7 +675,11 @@ impl Filesystem for TetherFs {
                 for e in entries {
                     let entry = e.entry.unwrap_or(Entry {
                         node: e.ino,
-                        attr: Attr { ino: e.ino, mode: (e.kind as u32) << 12, ..Attr::default() },
+                        attr: Attr {
+                            ino: e.ino,
+                            mode: (e.kind as u32) << 12,
+                            ..Attr::default()
+                        },
                         ..Entry::default()
                     });
                     if !full {
@@ -507,22 +708,58 @@ impl Filesystem for TetherFs {
         });
     }
 
-    fn releasedir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Releasedir { node: ino.0, fh: fh.0 }, reply);
+    fn releasedir(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.empty_call(
+            req,
+            Request::Releasedir {
+                node: ino.0,
+                fh: fh.0,
+            },
+            reply,
+        );
     }
 
-    fn fsyncdir(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Fsyncdir { node: ino.0, fh: fh.0, datasync }, reply);
+    fn fsyncdir(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.empty_call(
+            req,
+            Request::Fsyncdir {
+                node: ino.0,
+                fh: fh.0,
+                datasync,
+            },
+            reply,
+        );
     }
 
     fn statfs(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyStatfs) {
-        self.call(req, Request::Statfs { node: ino.0 }, reply, |reply, r| match r {
-            Reply::Statfs(s) => {
-                reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize);
-                Ok(())
-            }
-            _ => Err(reply),
-        });
+        self.call(
+            req,
+            Request::Statfs { node: ino.0 },
+            reply,
+            |reply, r| match r {
+                Reply::Statfs(s) => {
+                    reply.statfs(
+                        s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+                    );
+                    Ok(())
+                }
+                _ => Err(reply),
+            },
+        );
     }
 
     fn setxattr(
@@ -545,7 +782,15 @@ impl Filesystem for TetherFs {
     }
 
     fn getxattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        self.xattr_call(req, Request::Getxattr { node: ino.0, name: name(n), size }, reply);
+        self.xattr_call(
+            req,
+            Request::Getxattr {
+                node: ino.0,
+                name: name(n),
+                size,
+            },
+            reply,
+        );
     }
 
     fn listxattr(&self, req: &FuseRequest, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -553,11 +798,25 @@ impl Filesystem for TetherFs {
     }
 
     fn removexattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Removexattr { node: ino.0, name: name(n) }, reply);
+        self.empty_call(
+            req,
+            Request::Removexattr {
+                node: ino.0,
+                name: name(n),
+            },
+            reply,
+        );
     }
 
     fn access(&self, req: &FuseRequest, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.empty_call(req, Request::Access { node: ino.0, mask: mask.bits() as u32 }, reply);
+        self.empty_call(
+            req,
+            Request::Access {
+                node: ino.0,
+                mask: mask.bits() as u32,
+            },
+            reply,
+        );
     }
 
     fn create(
@@ -570,7 +829,13 @@ impl Filesystem for TetherFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let msg = Request::Create { parent: parent.0, name: name(n), mode, umask, flags: flags as u32 };
+        let msg = Request::Create {
+            parent: parent.0,
+            name: name(n),
+            mode,
+            umask,
+            flags: flags as u32,
+        };
         let ttl = self.cache;
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
@@ -597,12 +862,31 @@ impl Filesystem for TetherFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let msg = Request::Fallocate { node: ino.0, fh: fh.0, offset, length, mode: mode as u32 };
+        let msg = Request::Fallocate {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            length,
+            mode: mode as u32,
+        };
         self.empty_call(req, msg, reply);
     }
 
-    fn lseek(&self, req: &FuseRequest, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
-        let msg = Request::Lseek { node: ino.0, fh: fh.0, offset, whence: whence as u32 };
+    fn lseek(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let msg = Request::Lseek {
+            node: ino.0,
+            fh: fh.0,
+            offset,
+            whence: whence as u32,
+        };
         self.call(req, msg, reply, |reply, r| match r {
             Reply::Lseek { offset } => {
                 reply.offset(offset as i64);
@@ -638,4 +922,3 @@ impl Filesystem for TetherFs {
         self.written_call(req, msg, reply);
     }
 }
-

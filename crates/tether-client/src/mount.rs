@@ -38,7 +38,11 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    pub fn new(conn: Arc<Connection>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+    pub fn new(
+        conn: Arc<Connection>,
+        mountpoint: &Path,
+        opts: &MountOptions,
+    ) -> io::Result<Mounted> {
         let mut options = vec![
             MountOption::FSName(opts.fs_name.clone()),
             MountOption::Subtype("tether".into()),

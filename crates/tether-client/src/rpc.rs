@@ -58,7 +58,11 @@ pub enum ConnectError {
 
 impl Connection {
     /// Performs the handshake on `stream` and starts the reply reader.
-    pub fn start(stream: Stream, client_name: &str, on_push: Option<PushHandler>) -> Result<Arc<Connection>, ConnectError> {
+    pub fn start(
+        stream: Stream,
+        client_name: &str,
+        on_push: Option<PushHandler>,
+    ) -> Result<Arc<Connection>, ConnectError> {
         let Stream {
             mut reader,
             mut writer,
@@ -80,13 +84,17 @@ impl Connection {
         let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?
             .ok_or_else(|| ConnectError::Protocol("server closed the connection".into()))?;
         if h.kind != FrameKind::Reply || h.op != Op::Hello as u16 {
-            return Err(ConnectError::Protocol(format!("expected HELLO reply, got op {}", h.op)));
+            return Err(ConnectError::Protocol(format!(
+                "expected HELLO reply, got op {}",
+                h.op
+            )));
         }
-        let hello = match Reply::decode(h.op, body).map_err(|e| ConnectError::Protocol(e.to_string()))? {
-            Ok(Reply::Hello(r)) => r,
-            Ok(_) => return Err(ConnectError::Protocol("malformed HELLO reply".into())),
-            Err(e) => return Err(ConnectError::Refused(e)),
-        };
+        let hello =
+            match Reply::decode(h.op, body).map_err(|e| ConnectError::Protocol(e.to_string()))? {
+                Ok(Reply::Hello(r)) => r,
+                Ok(_) => return Err(ConnectError::Protocol("malformed HELLO reply".into())),
+                Err(e) => return Err(ConnectError::Refused(e)),
+            };
         let conn = Arc::new(Connection {
             writer: Mutex::new(writer),
             pending: DashMap::new(),
@@ -156,7 +164,12 @@ impl Connection {
     }
 
     /// Sends `req`; `done` runs on the reader thread with the outcome.
-    pub fn call(&self, caller: Caller, req: &Request, done: impl FnOnce(ReplyResult) + Send + 'static) {
+    pub fn call(
+        &self,
+        caller: Caller,
+        req: &Request,
+        done: impl FnOnce(ReplyResult) + Send + 'static,
+    ) {
         if self.is_closed() {
             return done(Err(WireErrno::EIO));
         }

@@ -28,17 +28,32 @@ impl Drop for Setup {
 
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let export = Export::open(dir.path(), &ExportOptions { read_only: false, max_node_fds: 0 }).unwrap();
+    let export = Export::open(
+        dir.path(),
+        &ExportOptions {
+            read_only: false,
+            max_node_fds: 0,
+        },
+    )
+    .unwrap();
     let (client_end, server_end) = memory_pipe();
     let server = thread::spawn(move || {
         let _ = run_session(export, server_end, &SessionLimits::default());
     });
     let conn = Connection::start(client_end, "inprocess-test", None).unwrap();
-    Setup { conn, dir, server: Some(server) }
+    Setup {
+        conn,
+        dir,
+        server: Some(server),
+    }
 }
 
 fn call(s: &Setup, r: Request) -> Result<Reply, WireErrno> {
-    let me = Caller { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() }, pid: std::process::id() };
+    let me = Caller {
+        uid: unsafe { libc::geteuid() },
+        gid: unsafe { libc::getegid() },
+        pid: std::process::id(),
+    };
     s.conn.call_wait(me, &r)
 }
 
@@ -51,50 +66,149 @@ fn create_write_read_list_rename_unlink() {
     let s = setup();
     let Reply::Create { entry, fh, .. } = call(
         &s,
-        Request::Create { parent: ROOT_NODE, name: b("f"), mode: 0o100644, umask: 0o022, flags: libc::O_RDWR as u32 },
+        Request::Create {
+            parent: ROOT_NODE,
+            name: b("f"),
+            mode: 0o100644,
+            umask: 0o022,
+            flags: libc::O_RDWR as u32,
+        },
     )
     .unwrap() else {
         panic!("not a create reply")
     };
     assert_eq!(entry.attr.mode & 0o777, 0o644);
-    let Reply::Written { size } =
-        call(&s, Request::Write { node: entry.node, fh, offset: 0, data: b("hello world") }).unwrap()
-    else {
+    let Reply::Written { size } = call(
+        &s,
+        Request::Write {
+            node: entry.node,
+            fh,
+            offset: 0,
+            data: b("hello world"),
+        },
+    )
+    .unwrap() else {
         panic!()
     };
     assert_eq!(size, 11);
-    let Reply::Data(d) = call(&s, Request::Read { node: entry.node, fh, offset: 6, size: 100 }).unwrap() else {
+    let Reply::Data(d) = call(
+        &s,
+        Request::Read {
+            node: entry.node,
+            fh,
+            offset: 6,
+            size: 100,
+        },
+    )
+    .unwrap() else {
         panic!()
     };
     assert_eq!(&d[..], b"world");
     assert_eq!(fs::read(s.dir.path().join("f")).unwrap(), b"hello world");
-    call(&s, Request::Release { node: entry.node, fh }).unwrap();
+    call(
+        &s,
+        Request::Release {
+            node: entry.node,
+            fh,
+        },
+    )
+    .unwrap();
 
-    let Reply::Entry(e) = call(&s, Request::Mkdir { parent: ROOT_NODE, name: b("d"), mode: 0o755, umask: 0 }).unwrap()
-    else {
+    let Reply::Entry(e) = call(
+        &s,
+        Request::Mkdir {
+            parent: ROOT_NODE,
+            name: b("d"),
+            mode: 0o755,
+            umask: 0,
+        },
+    )
+    .unwrap() else {
         panic!()
     };
-    call(&s, Request::Rename { parent: ROOT_NODE, name: b("f"), new_parent: e.node, new_name: b("g"), flags: 0 })
-        .unwrap();
+    call(
+        &s,
+        Request::Rename {
+            parent: ROOT_NODE,
+            name: b("f"),
+            new_parent: e.node,
+            new_name: b("g"),
+            flags: 0,
+        },
+    )
+    .unwrap();
     assert!(s.dir.path().join("d/g").exists());
 
-    let Reply::Open { fh: dh, .. } = call(&s, Request::Opendir { node: e.node, flags: 0 }).unwrap() else { panic!() };
-    let Reply::Dir(entries) =
-        call(&s, Request::Readdir { node: e.node, fh: dh, offset: 0, size: 4096, plus: true }).unwrap()
-    else {
+    let Reply::Open { fh: dh, .. } = call(
+        &s,
+        Request::Opendir {
+            node: e.node,
+            flags: 0,
+        },
+    )
+    .unwrap() else {
         panic!()
     };
-    let mut names: Vec<_> = entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    let Reply::Dir(entries) = call(
+        &s,
+        Request::Readdir {
+            node: e.node,
+            fh: dh,
+            offset: 0,
+            size: 4096,
+            plus: true,
+        },
+    )
+    .unwrap() else {
+        panic!()
+    };
+    let mut names: Vec<_> = entries
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
     names.sort();
     assert_eq!(names, [".", "..", "g"]);
     let g = entries.iter().find(|e| &e.name[..] == b"g").unwrap();
-    assert_eq!(g.entry.unwrap().attr.size, 11, "readdirplus carries attributes");
-
-    assert_eq!(call(&s, Request::Rmdir { parent: ROOT_NODE, name: b("d") }), Err(WireErrno::ENOTEMPTY));
-    call(&s, Request::Unlink { parent: e.node, name: b("g") }).unwrap();
-    call(&s, Request::Rmdir { parent: ROOT_NODE, name: b("d") }).unwrap();
     assert_eq!(
-        call(&s, Request::Lookup { parent: ROOT_NODE, name: b("d") }),
+        g.entry.unwrap().attr.size,
+        11,
+        "readdirplus carries attributes"
+    );
+
+    assert_eq!(
+        call(
+            &s,
+            Request::Rmdir {
+                parent: ROOT_NODE,
+                name: b("d")
+            }
+        ),
+        Err(WireErrno::ENOTEMPTY)
+    );
+    call(
+        &s,
+        Request::Unlink {
+            parent: e.node,
+            name: b("g"),
+        },
+    )
+    .unwrap();
+    call(
+        &s,
+        Request::Rmdir {
+            parent: ROOT_NODE,
+            name: b("d"),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        call(
+            &s,
+            Request::Lookup {
+                parent: ROOT_NODE,
+                name: b("d")
+            }
+        ),
         Err(WireErrno::ENOENT)
     );
 }
@@ -103,20 +217,60 @@ fn create_write_read_list_rename_unlink() {
 fn names_that_could_escape_are_refused() {
     let s = setup();
     for bad in ["..", ".", "a/b", "", "x\0y"] {
-        let r = call(&s, Request::Lookup { parent: ROOT_NODE, name: Bytes::copy_from_slice(bad.as_bytes()) });
+        let r = call(
+            &s,
+            Request::Lookup {
+                parent: ROOT_NODE,
+                name: Bytes::copy_from_slice(bad.as_bytes()),
+            },
+        );
         assert_eq!(r, Err(WireErrno::EINVAL), "lookup of {bad:?}");
-        let r = call(&s, Request::Mkdir { parent: ROOT_NODE, name: Bytes::copy_from_slice(bad.as_bytes()), mode: 0o755, umask: 0 });
+        let r = call(
+            &s,
+            Request::Mkdir {
+                parent: ROOT_NODE,
+                name: Bytes::copy_from_slice(bad.as_bytes()),
+                mode: 0o755,
+                umask: 0,
+            },
+        );
         assert_eq!(r, Err(WireErrno::EINVAL), "mkdir of {bad:?}");
     }
     let long = "x".repeat(256);
     assert_eq!(
-        call(&s, Request::Lookup { parent: ROOT_NODE, name: b(&long) }),
+        call(
+            &s,
+            Request::Lookup {
+                parent: ROOT_NODE,
+                name: b(&long)
+            }
+        ),
         Err(WireErrno::ENAMETOOLONG)
     );
     // A node id the server never issued is stale, not a crash.
-    assert_eq!(call(&s, Request::Getattr { node: 987654321, fh: 0 }), Err(WireErrno::ESTALE));
+    assert_eq!(
+        call(
+            &s,
+            Request::Getattr {
+                node: 987654321,
+                fh: 0
+            }
+        ),
+        Err(WireErrno::ESTALE)
+    );
     // So is a handle it never issued.
-    assert_eq!(call(&s, Request::Read { node: ROOT_NODE, fh: 4242, offset: 0, size: 10 }), Err(WireErrno::EBADF));
+    assert_eq!(
+        call(
+            &s,
+            Request::Read {
+                node: ROOT_NODE,
+                fh: 4242,
+                offset: 0,
+                size: 10
+            }
+        ),
+        Err(WireErrno::EBADF)
+    );
 }
 
 #[test]
@@ -128,16 +282,25 @@ fn many_requests_in_flight_complete_out_of_order() {
     let (tx, rx) = std::sync::mpsc::channel();
     for i in 0..50 {
         let tx = tx.clone();
-        s.conn.call(Caller::default(), &Request::Lookup { parent: ROOT_NODE, name: b(&format!("f{i}")) }, move |r| {
-            tx.send((i, r)).unwrap();
-        });
+        s.conn.call(
+            Caller::default(),
+            &Request::Lookup {
+                parent: ROOT_NODE,
+                name: b(&format!("f{i}")),
+            },
+            move |r| {
+                tx.send((i, r)).unwrap();
+            },
+        );
     }
     drop(tx);
     let mut got: Vec<_> = rx.iter().collect();
     assert_eq!(got.len(), 50);
     got.sort_by_key(|(i, _)| *i);
     for (i, r) in got {
-        let Ok(Reply::Entry(e)) = r else { panic!("lookup {i} failed: {r:?}") };
+        let Ok(Reply::Entry(e)) = r else {
+            panic!("lookup {i} failed: {r:?}")
+        };
         assert_eq!(e.attr.size, format!("{i}").len() as u64);
     }
 }

@@ -17,7 +17,10 @@ fn main() {
     st.st_dev = dev;
     st.st_mode = libc::S_IFREG | 0o644;
     let mut inserted = 0u64;
-    println!("{:>10} {:>14} {:>12}", "entries", "insert ns/op", "get ns/op");
+    println!(
+        "{:>10} {:>14} {:>12}",
+        "entries", "insert ns/op", "get ns/op"
+    );
     for target in [1_000u64, 10_000, 100_000, 1_000_000] {
         let t = Instant::now();
         let before = inserted;

@@ -14,7 +14,11 @@ pub use session::{run_session, SessionLimits};
 use tether_transport::Listener;
 
 /// Accepts connections forever, serving each on its own thread.
-pub fn serve(export: Arc<Export>, listener: Listener, limits: SessionLimits) -> std::io::Result<()> {
+pub fn serve(
+    export: Arc<Export>,
+    listener: Listener,
+    limits: SessionLimits,
+) -> std::io::Result<()> {
     loop {
         let stream = match listener.accept() {
             Ok(s) => s,

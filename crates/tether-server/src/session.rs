@@ -46,7 +46,11 @@ pub enum SessionError {
 type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 
 /// Serves one connection until the client disconnects or breaks the protocol.
-pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) -> Result<(), SessionError> {
+pub fn run_session(
+    export: Arc<Export>,
+    stream: Stream,
+    limits: &SessionLimits,
+) -> Result<(), SessionError> {
     let Stream {
         mut reader,
         mut writer,
@@ -68,10 +72,16 @@ pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) 
     let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?
         .ok_or_else(|| SessionError::Protocol("closed before HELLO".into()))?;
     if h.kind != FrameKind::Request || h.op != Op::Hello as u16 {
-        return Err(SessionError::Protocol(format!("expected HELLO, got op {}", h.op)));
+        return Err(SessionError::Protocol(format!(
+            "expected HELLO, got op {}",
+            h.op
+        )));
     }
-    let (_, req) = Request::decode(h.op, body).map_err(|e| SessionError::Protocol(e.to_string()))?;
-    let Request::Hello(hello) = req else { unreachable!() };
+    let (_, req) =
+        Request::decode(h.op, body).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let Request::Hello(hello) = req else {
+        unreachable!()
+    };
     let version_ok = hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version;
     let result = if version_ok {
         Ok(Reply::Hello(HelloReply {
@@ -122,7 +132,10 @@ pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) 
         match read_frame(&mut *reader, MAX_FRAME_LEN) {
             Ok(Some((h, body))) => {
                 if h.kind != FrameKind::Request {
-                    break Err(SessionError::Protocol(format!("unexpected frame kind {:?}", h.kind)));
+                    break Err(SessionError::Protocol(format!(
+                        "unexpected frame kind {:?}",
+                        h.kind
+                    )));
                 }
                 if tx.send((h, body)).is_err() {
                     break Ok(());
@@ -141,7 +154,11 @@ pub fn run_session(export: Arc<Export>, stream: Stream, limits: &SessionLimits) 
     outcome
 }
 
-fn worker(fs: &ExportFs, rx: &Receiver<(FrameHeader, Bytes)>, writer: &SharedWriter) -> Result<(), SessionError> {
+fn worker(
+    fs: &ExportFs,
+    rx: &Receiver<(FrameHeader, Bytes)>,
+    writer: &SharedWriter,
+) -> Result<(), SessionError> {
     for (h, body) in rx.iter() {
         let frame = match handle_frame(fs, &h, body) {
             Ok(Some(frame)) => frame,
@@ -156,18 +173,32 @@ fn worker(fs: &ExportFs, rx: &Receiver<(FrameHeader, Bytes)>, writer: &SharedWri
 
 /// Executes one request frame and returns the reply frame (None for one-way requests).
 /// A malformed request is a protocol error that ends the session.
-pub fn handle_frame(fs: &ExportFs, h: &FrameHeader, body: Bytes) -> Result<Option<Vec<u8>>, SessionError> {
+pub fn handle_frame(
+    fs: &ExportFs,
+    h: &FrameHeader,
+    body: Bytes,
+) -> Result<Option<Vec<u8>>, SessionError> {
     let (caller, req) = match Request::decode(h.op, body) {
         Ok(r) => r,
         Err(tether_proto::DecodeError::UnknownOp(op)) => {
             // Unknown operations get ENOSYS so newer clients can probe; the session goes on.
             return Ok(Some(reply_frame(op, h.id, &Err(WireErrno::ENOSYS))));
         }
-        Err(e) => return Err(SessionError::Protocol(format!("bad request (op {}): {e}", h.op))),
+        Err(e) => {
+            return Err(SessionError::Protocol(format!(
+                "bad request (op {}): {e}",
+                h.op
+            )))
+        }
     };
     let no_reply = h.flags & FLAG_NO_REPLY != 0;
     let frame = match req {
-        Request::Read { node, fh, offset, size } => {
+        Request::Read {
+            node,
+            fh,
+            offset,
+            size,
+        } => {
             let size = (size as usize).min(MAX_FRAME_LEN - 64);
             data_reply_frame(h.op, h.id, size, |buf| fs.read_into(node, fh, offset, buf))
         }

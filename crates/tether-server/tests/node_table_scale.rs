@@ -39,5 +39,8 @@ fn a_million_nodes_stay_addressable_with_bounded_descriptors() {
         table.forget(1_000_000_000 + i, 1);
     }
     assert_eq!(table.len(), 1, "only the root remains");
-    assert!(budget.open_count() <= 1, "forgotten nodes released their descriptors");
+    assert!(
+        budget.open_count() <= 1,
+        "forgotten nodes released their descriptors"
+    );
 }

@@ -48,8 +48,16 @@ fn open_file_survives_unlink_and_rename_on_the_host() {
     fs::write(t.export.join("u"), b"0123456789").unwrap();
     fs::write(t.export.join("r"), b"abcdef").unwrap();
     fs::create_dir(t.export.join("sub")).unwrap();
-    let mut fu = fs::OpenOptions::new().read(true).write(true).open(t.mnt.join("u")).unwrap();
-    let mut fr = fs::OpenOptions::new().read(true).write(true).open(t.mnt.join("r")).unwrap();
+    let mut fu = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.mnt.join("u"))
+        .unwrap();
+    let mut fr = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.mnt.join("r"))
+        .unwrap();
 
     fs::remove_file(t.export.join("u")).unwrap();
     fs::rename(t.export.join("r"), t.export.join("sub/r2")).unwrap();
@@ -84,7 +92,11 @@ fn tcp_loopback_mount_works() {
     fs::create_dir(&mnt).unwrap();
     fs::write(export.join("f"), b"over tcp").unwrap();
     // Find a free port, then serve on it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("tcp:127.0.0.1:{port}");
     let _server = Server::start(&export, &addr, &[]);
     let mut m = Mount::start(&addr, &mnt, &[]);
@@ -112,15 +124,29 @@ fn unmount_command_clears_a_mount_whose_client_was_killed() {
     let mut t = TestMount::start();
     t.mount.child.kill().unwrap();
     t.mount.child.wait().unwrap();
-    assert!(common::is_mounted(&t.mnt), "a killed client leaves its mount behind");
-    let out = Command::new(TETHER).arg("unmount").arg(&t.mnt).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        common::is_mounted(&t.mnt),
+        "a killed client leaves its mount behind"
+    );
+    let out = Command::new(TETHER)
+        .arg("unmount")
+        .arg(&t.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!common::is_mounted(&t.mnt));
 }
 
 fn run_tether(args: &[&str]) -> (bool, String) {
     let out = Command::new(TETHER).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -130,15 +156,26 @@ fn bad_command_lines_get_clear_errors() {
 
     let (ok, err) = run_tether(&["serve", d, "--listen", "tcp:0.0.0.0:7070"]);
     assert!(!ok);
-    assert!(err.contains("not authenticated") && err.contains("loopback"), "{err}");
+    assert!(
+        err.contains("not authenticated") && err.contains("loopback"),
+        "{err}"
+    );
 
     let (ok, err) = run_tether(&["serve", d, "--listen", "/no/scheme.sock"]);
     assert!(!ok);
     assert!(err.contains("unix:") && err.contains("tcp:"), "{err}");
 
-    let (ok, err) = run_tether(&["serve", &format!("{d}/missing"), "--listen", &format!("unix:{d}/s")]);
+    let (ok, err) = run_tether(&[
+        "serve",
+        &format!("{d}/missing"),
+        "--listen",
+        &format!("unix:{d}/s"),
+    ]);
     assert!(!ok);
-    assert!(err.contains("cannot export") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("cannot export") && err.contains("missing"),
+        "{err}"
+    );
 
     let (ok, err) = run_tether(&["mount", &format!("unix:{d}/nobody.sock"), d]);
     assert!(!ok);
@@ -160,13 +197,19 @@ fn a_client_that_is_not_tether_is_refused_and_the_server_keeps_serving() {
     let mut buf = Vec::new();
     // The server sends its magic, then closes on the garbage.
     let _ = s.read_to_end(&mut buf);
-    assert!(buf.len() <= 8, "server answered garbage with {} bytes", buf.len());
+    assert!(
+        buf.len() <= 8,
+        "server answered garbage with {} bytes",
+        buf.len()
+    );
     fs::write(t.mnt.join("still"), b"serving").unwrap();
     assert_eq!(fs::read(t.export.join("still")).unwrap(), b"serving");
 }
 
 fn count_fds(pid: u32) -> usize {
-    fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -191,7 +234,10 @@ fn descriptors_stay_bounded_while_walking_a_large_tree() {
             max_fds = max_fds.max(count_fds(t.server.child.id()));
         }
     }
-    assert!(max_fds < 64 + 32, "server held {max_fds} descriptors with a budget of 64");
+    assert!(
+        max_fds < 64 + 32,
+        "server held {max_fds} descriptors with a budget of 64"
+    );
     // Renames made through the mount keep evicted nodes findable.
     fs::rename(t.mnt.join("d0"), t.mnt.join("renamed")).unwrap();
     assert_eq!(fs::read_to_string(t.mnt.join("renamed/f5")).unwrap(), "0/5");

@@ -52,13 +52,8 @@ impl Export {
         let cpath = CString::new(canonical.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
         let cwd = cwd_fd();
-        let root = sys::openat(
-            cwd.as_fd(),
-            &cpath,
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )
-        .map_err(to_io)?;
+        let root =
+            sys::openat(cwd.as_fd(), &cpath, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(to_io)?;
         let proc_fd = sys::openat(
             cwd.as_fd(),
             c"/proc/self/fd",

@@ -241,10 +241,7 @@ impl NodeTable {
             return;
         }
         self.nodes.remove_if(&id, |_, node| {
-            let left = node
-                .lookups
-                .load(Ordering::Relaxed)
-                .saturating_sub(count);
+            let left = node.lookups.load(Ordering::Relaxed).saturating_sub(count);
             node.lookups.store(left, Ordering::Relaxed);
             left == 0
         });

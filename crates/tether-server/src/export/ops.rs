@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use dashmap::DashMap;
 use tether_proto::{
-    setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, NodeId, Reply, Request,
-    SetTime, Timespec, WireErrno, ROOT_NODE,
+    setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, NodeId, Reply, Request, SetTime,
+    Timespec, WireErrno, ROOT_NODE,
 };
 
 use super::nodes::{Node, NodeTable};
@@ -133,7 +133,12 @@ impl ExportFs {
     }
 
     /// Looks `name` up in directory `parent_fd` and counts one lookup of the result.
-    fn lookup_in(&self, parent: NodeId, parent_fd: BorrowedFd<'_>, name: CString) -> SysResult<Entry> {
+    fn lookup_in(
+        &self,
+        parent: NodeId,
+        parent_fd: BorrowedFd<'_>,
+        name: CString,
+    ) -> SysResult<Entry> {
         let fd = sys::open_path(parent_fd, &name)?;
         let st = sys::fstat(fd.as_fd())?;
         let node = self.nodes.remember(fd, &st, parent, name);
@@ -181,7 +186,12 @@ impl ExportFs {
 
     /// Opens the node's inode again through /proc/self/fd with real access flags.
     fn reopen(&self, fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
-        sys::openat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), flags, 0)
+        sys::openat(
+            self.export.proc_fd.as_fd(),
+            &sys::fd_name(fd.as_fd()),
+            flags,
+            0,
+        )
     }
 
     fn proc_path(fd: &OwnedFd) -> CString {
@@ -200,7 +210,13 @@ impl ExportFs {
     }
 
     /// Reads file data straight into `buf` (the outgoing frame) and returns the length.
-    pub fn read_into(&self, node: NodeId, fh: HandleId, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+    pub fn read_into(
+        &self,
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> SysResult<usize> {
         if fh == 0 {
             let (_, fd) = self.node_fd(node)?;
             let f = self.reopen(&fd, libc::O_RDONLY)?;
@@ -260,7 +276,13 @@ impl ExportFs {
             }
             Setattr { node, fh, set } => self.setattr(node, fh, set).map(Reply::Attr),
             Readlink { node } => self.readlink(node).map(|v| Reply::Data(Bytes::from(v))),
-            Mknod { parent, name, mode, rdev, umask } => {
+            Mknod {
+                parent,
+                name,
+                mode,
+                rdev,
+                umask,
+            } => {
                 let name = component(&name)?;
                 let kind = mode & libc::S_IFMT;
                 // Device nodes made by a guest would be usable on the host: refuse them.
@@ -269,10 +291,17 @@ impl ExportFs {
                 }
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                self.as_caller(caller, || sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev))?;
+                self.as_caller(caller, || {
+                    sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
+                })?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
-            Mkdir { parent, name, mode, umask } => {
+            Mkdir {
+                parent,
+                name,
+                mode,
+                umask,
+            } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
@@ -289,7 +318,11 @@ impl ExportFs {
                 let pfd = self.dir_fd(parent)?;
                 sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR).map(|_| Reply::Empty)
             }
-            Symlink { parent, name, target } => {
+            Symlink {
+                parent,
+                name,
+                target,
+            } => {
                 let name = component(&name)?;
                 if target.len() >= libc::PATH_MAX as usize {
                     return Err(WireErrno::ENAMETOOLONG);
@@ -299,33 +332,43 @@ impl ExportFs {
                 self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name))?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
-            Rename { parent, name, new_parent, new_name, flags } => {
-                self.rename(parent, &name, new_parent, &new_name, flags)
-            }
-            Link { node, new_parent, new_name } => {
+            Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => self.rename(parent, &name, new_parent, &new_name, flags),
+            Link {
+                node,
+                new_parent,
+                new_name,
+            } => {
                 let new_name = component(&new_name)?;
                 let (n, fd) = self.node_fd(node)?;
                 if n.is_dir() {
                     return Err(WireErrno::EPERM);
                 }
                 let pfd = self.dir_fd(new_parent)?;
-                let linked = sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
-                    .or_else(|e| {
-                        // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-                        if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                            sys::linkat(
-                                self.export.proc_fd.as_fd(),
-                                &sys::fd_name(fd.as_fd()),
-                                pfd.as_fd(),
-                                &new_name,
-                                libc::AT_SYMLINK_FOLLOW,
-                            )
-                        } else {
-                            Err(e)
-                        }
-                    });
+                let linked =
+                    sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
+                        .or_else(|e| {
+                            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+                            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                                sys::linkat(
+                                    self.export.proc_fd.as_fd(),
+                                    &sys::fd_name(fd.as_fd()),
+                                    pfd.as_fd(),
+                                    &new_name,
+                                    libc::AT_SYMLINK_FOLLOW,
+                                )
+                            } else {
+                                Err(e)
+                            }
+                        });
                 linked?;
-                self.lookup_in(new_parent, pfd.as_fd(), new_name).map(Reply::Entry)
+                self.lookup_in(new_parent, pfd.as_fd(), new_name)
+                    .map(Reply::Entry)
             }
             Open { node, flags } => {
                 let (n, fd) = self.node_fd(node)?;
@@ -336,11 +379,20 @@ impl ExportFs {
                 let fh = self.add_handle(Handle::File(f))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
-            Create { parent, name, mode, umask, flags } => {
+            Create {
+                parent,
+                name,
+                mode,
+                umask,
+                flags,
+            } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                let hflags = open_host_flags(flags) | libc::O_CREAT | (flags as i32 & libc::O_EXCL) | libc::O_NOFOLLOW;
+                let hflags = open_host_flags(flags)
+                    | libc::O_CREAT
+                    | (flags as i32 & libc::O_EXCL)
+                    | libc::O_NOFOLLOW;
                 let f = self.as_caller(caller, || sys::openat(pfd.as_fd(), &name, hflags, perm))?;
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
@@ -359,10 +411,19 @@ impl ExportFs {
                         return Err(e);
                     }
                 };
-                Ok(Reply::Create { entry, fh, flags: 0 })
+                Ok(Reply::Create {
+                    entry,
+                    fh,
+                    flags: 0,
+                })
             }
             Read { .. } => Err(WireErrno::EINVAL),
-            Write { node, fh, offset, data } => {
+            Write {
+                node,
+                fh,
+                offset,
+                data,
+            } => {
                 let n = if fh == 0 {
                     let (_, fd) = self.node_fd(node)?;
                     let f = self.reopen(&fd, libc::O_WRONLY)?;
@@ -404,7 +465,12 @@ impl ExportFs {
                 }
                 Ok(Reply::Empty)
             }
-            Setxattr { node, name, value, flags } => {
+            Setxattr {
+                node,
+                name,
+                value,
+                flags,
+            } => {
                 let name = xattr_name(&name)?;
                 let (n, fd) = self.node_fd(node)?;
                 if n.is_symlink() {
@@ -445,31 +511,59 @@ impl ExportFs {
                 let fh = self.add_handle(Handle::Dir(Mutex::new(d)))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
-            Readdir { node, fh, offset, size, plus } => self.readdir(node, fh, offset, size, plus),
+            Readdir {
+                node,
+                fh,
+                offset,
+                size,
+                plus,
+            } => self.readdir(node, fh, offset, size, plus),
             Access { node, mask } => {
                 let (_, fd) = self.node_fd(node)?;
-                sys::faccessat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), mask as i32)?;
+                sys::faccessat(
+                    self.export.proc_fd.as_fd(),
+                    &sys::fd_name(fd.as_fd()),
+                    mask as i32,
+                )?;
                 Ok(Reply::Empty)
             }
-            Fallocate { fh, offset, length, mode, .. } => {
+            Fallocate {
+                fh,
+                offset,
+                length,
+                mode,
+                ..
+            } => {
                 let h = self.file(fh)?;
                 let Handle::File(f) = &*h else { unreachable!() };
                 sys::fallocate(f.as_fd(), mode as i32, offset, length)?;
                 Ok(Reply::Empty)
             }
-            Lseek { fh, offset, whence, .. } => {
+            Lseek {
+                fh, offset, whence, ..
+            } => {
                 let h = self.file(fh)?;
                 let Handle::File(f) = &*h else { unreachable!() };
                 let off = sys::lseek(f.as_fd(), offset, whence as i32)?;
                 Ok(Reply::Lseek { offset: off })
             }
-            CopyFileRange { fh_in, offset_in, fh_out, offset_out, len, flags, .. } => {
+            CopyFileRange {
+                fh_in,
+                offset_in,
+                fh_out,
+                offset_out,
+                len,
+                flags,
+                ..
+            } => {
                 if flags != 0 {
                     return Err(WireErrno::EINVAL);
                 }
                 let hi = self.file(fh_in)?;
                 let ho = self.file(fh_out)?;
-                let (Handle::File(fi), Handle::File(fo)) = (&*hi, &*ho) else { unreachable!() };
+                let (Handle::File(fi), Handle::File(fo)) = (&*hi, &*ho) else {
+                    unreachable!()
+                };
                 let n = sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len)?;
                 Ok(Reply::Written { size: n })
             }
@@ -487,7 +581,11 @@ impl ExportFs {
             if n.is_symlink() {
                 return Err(WireErrno::EOPNOTSUPP);
             }
-            sys::fchmodat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), set.mode & 0o7777)?;
+            sys::fchmodat(
+                self.export.proc_fd.as_fd(),
+                &sys::fd_name(fd.as_fd()),
+                set.mode & 0o7777,
+            )?;
         }
         if set.valid & (setattr_valid::UID | setattr_valid::GID) != 0 {
             let uid = (set.valid & setattr_valid::UID != 0).then_some(set.uid);
@@ -510,10 +608,17 @@ impl ExportFs {
         Ok(self.attr_of(&st, node))
     }
 
-    fn rename(&self, parent: NodeId, name: &[u8], new_parent: NodeId, new_name: &[u8], flags: u32) -> SysResult<Reply> {
+    fn rename(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        new_parent: NodeId,
+        new_name: &[u8],
+        flags: u32,
+    ) -> SysResult<Reply> {
         let name = component(name)?;
         let new_name = component(new_name)?;
-        let allowed = (libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) as u32;
+        let allowed = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
         if flags & !allowed != 0 {
             return Err(WireErrno::EINVAL);
         }
@@ -522,17 +627,29 @@ impl ExportFs {
         sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)?;
         // Keep the moved nodes findable by name should their descriptors be evicted.
         if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
-            self.nodes.moved(self.nodes.id_for(st.st_dev, st.st_ino), new_parent, new_name.clone());
+            self.nodes.moved(
+                self.nodes.id_for(st.st_dev, st.st_ino),
+                new_parent,
+                new_name.clone(),
+            );
         }
-        if flags & libc::RENAME_EXCHANGE as u32 != 0 {
+        if flags & libc::RENAME_EXCHANGE != 0 {
             if let Ok(st) = sys::fstatat_nofollow(pfd.as_fd(), &name) {
-                self.nodes.moved(self.nodes.id_for(st.st_dev, st.st_ino), parent, name);
+                self.nodes
+                    .moved(self.nodes.id_for(st.st_dev, st.st_ino), parent, name);
             }
         }
         Ok(Reply::Empty)
     }
 
-    fn readdir(&self, node: NodeId, fh: HandleId, offset: u64, size: u32, plus: bool) -> SysResult<Reply> {
+    fn readdir(
+        &self,
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        size: u32,
+        plus: bool,
+    ) -> SysResult<Reply> {
         let h = self.handle(fh)?;
         let Handle::Dir(dir) = &*h else {
             return Err(WireErrno::ENOTDIR);
@@ -606,7 +723,11 @@ fn open_host_flags(flags: u32) -> i32 {
 
 fn xattr_name(name: &[u8]) -> SysResult<CString> {
     if name.is_empty() || name.len() > 255 {
-        return Err(if name.is_empty() { WireErrno::EINVAL } else { WireErrno::ERANGE });
+        return Err(if name.is_empty() {
+            WireErrno::EINVAL
+        } else {
+            WireErrno::ERANGE
+        });
     }
     CString::new(name).map_err(|_| WireErrno::EINVAL)
 }

@@ -10,7 +10,11 @@ use tether_proto::WireErrno;
 pub type SysResult<T> = Result<T, WireErrno>;
 
 fn last_errno() -> WireErrno {
-    WireErrno::from_host(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    WireErrno::from_host(
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
 }
 
 fn cvt(ret: libc::c_int) -> SysResult<libc::c_int> {
@@ -37,7 +41,12 @@ pub fn fd_name(fd: BorrowedFd<'_>) -> CString {
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
     // SAFETY: `name` is a valid C string; the returned descriptor is fresh and owned by us.
     let fd = cvt(unsafe {
-        libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode)
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode,
+        )
     })?;
     // SAFETY: openat returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -136,7 +145,12 @@ pub fn readlink_fd(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
     // SAFETY: buf is writable for its length; an empty path means the descriptor itself.
     let n = cvt_isize(unsafe {
-        libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
     })?;
     buf.truncate(n);
     Ok(buf)
@@ -257,7 +271,12 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
 pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
     // SAFETY: plain syscall on a valid descriptor.
     cvt(unsafe {
-        libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+        libc::fallocate(
+            fd.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
     })
     .map(drop)
 }
@@ -306,7 +325,11 @@ pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
         libc::getxattr(
             path.as_ptr(),
             name.as_ptr(),
-            if buf.is_empty() { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            if buf.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr().cast()
+            },
             buf.len(),
         )
     })
@@ -317,7 +340,11 @@ pub fn listxattr(path: &CStr, buf: &mut [u8]) -> SysResult<usize> {
     cvt_isize(unsafe {
         libc::listxattr(
             path.as_ptr(),
-            if buf.is_empty() { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            if buf.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr().cast()
+            },
             buf.len(),
         )
     })
@@ -326,7 +353,13 @@ pub fn listxattr(path: &CStr, buf: &mut [u8]) -> SysResult<usize> {
 pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
     // SAFETY: value is readable for its length.
     cvt(unsafe {
-        libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
     })
     .map(drop)
 }
@@ -356,8 +389,12 @@ pub fn read_dir(
     loop {
         // SAFETY: buf is writable for its length; getdents64 fills it with linux_dirent64s.
         let n = cvt_isize(unsafe {
-            libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len())
-                as isize
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            ) as isize
         })?;
         if n == 0 {
             return Ok(());
@@ -370,7 +407,10 @@ pub fn read_dir(
             let reclen = u16::from_ne_bytes(buf[pos + 16..pos + 18].try_into().unwrap()) as usize;
             let kind = buf[pos + 18];
             let name_area = &buf[pos + 19..pos + reclen];
-            let len = name_area.iter().position(|&b| b == 0).unwrap_or(name_area.len());
+            let len = name_area
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(name_area.len());
             let entry = RawDirEntry {
                 ino,
                 next_offset: off as u64,

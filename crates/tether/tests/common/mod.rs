@@ -68,7 +68,11 @@ impl Server {
             if ready {
                 return;
             }
-            assert!(Instant::now() < deadline, "server did not start listening on {}", self.address);
+            assert!(
+                Instant::now() < deadline,
+                "server did not start listening on {}",
+                self.address
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -112,7 +116,11 @@ impl Mount {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("tether mount exited early: {status}");
             }
-            assert!(Instant::now() < deadline, "mount did not appear at {}", mnt.display());
+            assert!(
+                Instant::now() < deadline,
+                "mount did not appear at {}",
+                mnt.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Mount {
@@ -131,7 +139,10 @@ impl Mount {
                 return status;
             }
             if Instant::now() > deadline {
-                let _ = Command::new(TETHER).args(["unmount", "--lazy"]).arg(&self.path).status();
+                let _ = Command::new(TETHER)
+                    .args(["unmount", "--lazy"])
+                    .arg(&self.path)
+                    .status();
                 let _ = self.child.kill();
                 return self.child.wait().expect("wait for mount");
             }
@@ -146,7 +157,10 @@ impl Drop for Mount {
             self.stop();
         }
         if is_mounted(&self.path) {
-            let _ = Command::new(TETHER).args(["unmount", "--lazy"]).arg(&self.path).status();
+            let _ = Command::new(TETHER)
+                .args(["unmount", "--lazy"])
+                .arg(&self.path)
+                .status();
         }
     }
 }
@@ -167,7 +181,10 @@ impl TestMount {
     }
 
     pub fn start_with(serve_args: &[&str], mount_args: &[&str]) -> TestMount {
-        let dir = tempfile::Builder::new().prefix("tether-test").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("tether-test")
+            .tempdir()
+            .expect("tempdir");
         let export = dir.path().join("export");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&export).unwrap();
