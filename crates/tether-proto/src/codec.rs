@@ -66,7 +66,8 @@ impl Encoder {
     /// A name: u16 length, then the bytes.
     pub fn name(&mut self, v: &[u8]) -> &mut Self {
         self.u16(v.len().min(u16::MAX as usize) as u16);
-        self.buf.extend_from_slice(&v[..v.len().min(u16::MAX as usize)]);
+        self.buf
+            .extend_from_slice(&v[..v.len().min(u16::MAX as usize)]);
         self
     }
     /// A blob: u32 length, then the bytes.

@@ -96,7 +96,12 @@ mod tests {
 
     #[test]
     fn round_trips_known_values_and_maps_unknown_to_eio() {
-        for e in [WireErrno::ENOENT, WireErrno::ENOTEMPTY, WireErrno::ENODATA, WireErrno::ESTALE] {
+        for e in [
+            WireErrno::ENOENT,
+            WireErrno::ENOTEMPTY,
+            WireErrno::ENODATA,
+            WireErrno::ESTALE,
+        ] {
             assert_eq!(WireErrno::from_host(e.to_host()), e);
         }
         assert_eq!(WireErrno::from_host(100_000), WireErrno::EIO);

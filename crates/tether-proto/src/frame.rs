@@ -53,7 +53,8 @@ impl FrameHeader {
         if (len as usize) < FRAME_HEADER_LEN - 4 {
             return Err(DecodeError::TooShort(len));
         }
-        if len as usize + 4 > max_len {
+        // In u64: `len + 4` must not wrap where usize is 32 bits.
+        if len as u64 + 4 > max_len as u64 {
             return Err(DecodeError::TooLong(len as u64 + 4, max_len as u64));
         }
         let kind = match b[4] {

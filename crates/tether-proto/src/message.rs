@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::WireErrno;
-use crate::frame::{FrameBuilder, FrameKind, FLAG_NO_REPLY};
+use crate::frame::{FrameBuilder, FrameKind, FLAG_NO_REPLY, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 use crate::handshake::{Hello, HelloReply};
 use crate::{HandleId, NodeId};
 
@@ -140,7 +140,7 @@ pub enum SetTime {
     At(Timespec),
 }
 
-/// File attributes as the host reported them (104 bytes on the wire).
+/// File attributes as the host reported them (96 bytes on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Attr {
     /// The node id; the guest shows it as st_ino.
@@ -229,39 +229,161 @@ pub struct Statfs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Hello(Hello),
-    Lookup { parent: NodeId, name: Bytes },
+    Lookup {
+        parent: NodeId,
+        name: Bytes,
+    },
     /// One-way: drop `count` lookups of each node.
-    Forget { nodes: Vec<(NodeId, u64)> },
-    Getattr { node: NodeId, fh: HandleId },
-    Setattr { node: NodeId, fh: HandleId, set: SetAttr },
-    Readlink { node: NodeId },
-    Mknod { parent: NodeId, name: Bytes, mode: u32, rdev: u64, umask: u32 },
-    Mkdir { parent: NodeId, name: Bytes, mode: u32, umask: u32 },
-    Unlink { parent: NodeId, name: Bytes },
-    Rmdir { parent: NodeId, name: Bytes },
-    Symlink { parent: NodeId, name: Bytes, target: Bytes },
-    Rename { parent: NodeId, name: Bytes, new_parent: NodeId, new_name: Bytes, flags: u32 },
-    Link { node: NodeId, new_parent: NodeId, new_name: Bytes },
-    Open { node: NodeId, flags: u32 },
-    Read { node: NodeId, fh: HandleId, offset: u64, size: u32 },
+    Forget {
+        nodes: Vec<(NodeId, u64)>,
+    },
+    Getattr {
+        node: NodeId,
+        fh: HandleId,
+    },
+    Setattr {
+        node: NodeId,
+        fh: HandleId,
+        set: SetAttr,
+    },
+    Readlink {
+        node: NodeId,
+    },
+    Mknod {
+        parent: NodeId,
+        name: Bytes,
+        mode: u32,
+        rdev: u64,
+        umask: u32,
+    },
+    Mkdir {
+        parent: NodeId,
+        name: Bytes,
+        mode: u32,
+        umask: u32,
+    },
+    Unlink {
+        parent: NodeId,
+        name: Bytes,
+    },
+    Rmdir {
+        parent: NodeId,
+        name: Bytes,
+    },
+    Symlink {
+        parent: NodeId,
+        name: Bytes,
+        target: Bytes,
+    },
+    Rename {
+        parent: NodeId,
+        name: Bytes,
+        new_parent: NodeId,
+        new_name: Bytes,
+        flags: u32,
+    },
+    Link {
+        node: NodeId,
+        new_parent: NodeId,
+        new_name: Bytes,
+    },
+    Open {
+        node: NodeId,
+        flags: u32,
+    },
+    Read {
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        size: u32,
+    },
     /// The data runs to the end of the frame.
-    Write { node: NodeId, fh: HandleId, offset: u64, data: Bytes },
-    Statfs { node: NodeId },
-    Release { node: NodeId, fh: HandleId },
-    Fsync { node: NodeId, fh: HandleId, datasync: bool },
-    Setxattr { node: NodeId, name: Bytes, value: Bytes, flags: u32 },
-    Getxattr { node: NodeId, name: Bytes, size: u32 },
-    Listxattr { node: NodeId, size: u32 },
-    Removexattr { node: NodeId, name: Bytes },
-    Flush { node: NodeId, fh: HandleId, lock_owner: u64 },
-    Opendir { node: NodeId, flags: u32 },
-    Readdir { node: NodeId, fh: HandleId, offset: u64, size: u32, plus: bool },
-    Releasedir { node: NodeId, fh: HandleId },
-    Fsyncdir { node: NodeId, fh: HandleId, datasync: bool },
-    Access { node: NodeId, mask: u32 },
-    Create { parent: NodeId, name: Bytes, mode: u32, umask: u32, flags: u32 },
-    Fallocate { node: NodeId, fh: HandleId, offset: u64, length: u64, mode: u32 },
-    Lseek { node: NodeId, fh: HandleId, offset: i64, whence: u32 },
+    Write {
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        data: Bytes,
+    },
+    Statfs {
+        node: NodeId,
+    },
+    Release {
+        node: NodeId,
+        fh: HandleId,
+    },
+    Fsync {
+        node: NodeId,
+        fh: HandleId,
+        datasync: bool,
+    },
+    Setxattr {
+        node: NodeId,
+        name: Bytes,
+        value: Bytes,
+        flags: u32,
+    },
+    Getxattr {
+        node: NodeId,
+        name: Bytes,
+        size: u32,
+    },
+    Listxattr {
+        node: NodeId,
+        size: u32,
+    },
+    Removexattr {
+        node: NodeId,
+        name: Bytes,
+    },
+    Flush {
+        node: NodeId,
+        fh: HandleId,
+        lock_owner: u64,
+    },
+    Opendir {
+        node: NodeId,
+        flags: u32,
+    },
+    Readdir {
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        size: u32,
+        plus: bool,
+    },
+    Releasedir {
+        node: NodeId,
+        fh: HandleId,
+    },
+    Fsyncdir {
+        node: NodeId,
+        fh: HandleId,
+        datasync: bool,
+    },
+    Access {
+        node: NodeId,
+        mask: u32,
+    },
+    Create {
+        parent: NodeId,
+        name: Bytes,
+        mode: u32,
+        umask: u32,
+        flags: u32,
+    },
+    Fallocate {
+        node: NodeId,
+        fh: HandleId,
+        offset: u64,
+        length: u64,
+        mode: u32,
+    },
+    Lseek {
+        node: NodeId,
+        fh: HandleId,
+        offset: i64,
+        whence: u32,
+    },
     CopyFileRange {
         node_in: NodeId,
         fh_in: HandleId,
@@ -290,16 +412,27 @@ pub enum Reply {
     /// fsyncdir, access, fallocate, ping
     Empty,
     /// open, opendir
-    Open { fh: HandleId, flags: u32 },
+    Open {
+        fh: HandleId,
+        flags: u32,
+    },
     /// write, copy_file_range
-    Written { size: u64 },
+    Written {
+        size: u64,
+    },
     Statfs(Statfs),
     /// getxattr, listxattr: the size (when asked with size 0) or the value.
     XattrSize(u32),
     XattrData(Bytes),
     Dir(Vec<DirEntry>),
-    Create { entry: Entry, fh: HandleId, flags: u32 },
-    Lseek { offset: u64 },
+    Create {
+        entry: Entry,
+        fh: HandleId,
+        flags: u32,
+    },
+    Lseek {
+        offset: u64,
+    },
 }
 
 impl Timespec {
@@ -347,7 +480,7 @@ impl SetTime {
 }
 
 impl Attr {
-    pub const WIRE_LEN: usize = 104;
+    pub const WIRE_LEN: usize = 96;
     pub fn encode(&self, e: &mut Encoder) {
         e.u64(self.ino).u64(self.size).u64(self.blocks);
         self.atime.encode(e);
@@ -483,34 +616,78 @@ impl Request {
             Readlink { node } | Statfs { node } => {
                 e.u64(*node);
             }
-            Mknod { parent, name, mode, rdev, umask } => {
+            Mknod {
+                parent,
+                name,
+                mode,
+                rdev,
+                umask,
+            } => {
                 e.u64(*parent).name(name).u32(*mode).u64(*rdev).u32(*umask);
             }
-            Mkdir { parent, name, mode, umask } => {
+            Mkdir {
+                parent,
+                name,
+                mode,
+                umask,
+            } => {
                 e.u64(*parent).name(name).u32(*mode).u32(*umask);
             }
-            Symlink { parent, name, target } => {
+            Symlink {
+                parent,
+                name,
+                target,
+            } => {
                 e.u64(*parent).name(name).blob(target);
             }
-            Rename { parent, name, new_parent, new_name, flags } => {
-                e.u64(*parent).name(name).u64(*new_parent).name(new_name).u32(*flags);
+            Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => {
+                e.u64(*parent)
+                    .name(name)
+                    .u64(*new_parent)
+                    .name(new_name)
+                    .u32(*flags);
             }
-            Link { node, new_parent, new_name } => {
+            Link {
+                node,
+                new_parent,
+                new_name,
+            } => {
                 e.u64(*node).u64(*new_parent).name(new_name);
             }
             Open { node, flags } | Opendir { node, flags } => {
                 e.u64(*node).u32(*flags);
             }
-            Read { node, fh, offset, size } => {
+            Read {
+                node,
+                fh,
+                offset,
+                size,
+            } => {
                 e.u64(*node).u64(*fh).u64(*offset).u32(*size);
             }
-            Write { node, fh, offset, data } => {
+            Write {
+                node,
+                fh,
+                offset,
+                data,
+            } => {
                 e.u64(*node).u64(*fh).u64(*offset).rest(data);
             }
             Fsync { node, fh, datasync } | Fsyncdir { node, fh, datasync } => {
                 e.u64(*node).u64(*fh).bool(*datasync);
             }
-            Setxattr { node, name, value, flags } => {
+            Setxattr {
+                node,
+                name,
+                value,
+                flags,
+            } => {
                 e.u64(*node).name(name).u32(*flags).blob(value);
             }
             Getxattr { node, name, size } => {
@@ -522,22 +699,49 @@ impl Request {
             Removexattr { node, name } => {
                 e.u64(*node).name(name);
             }
-            Flush { node, fh, lock_owner } => {
+            Flush {
+                node,
+                fh,
+                lock_owner,
+            } => {
                 e.u64(*node).u64(*fh).u64(*lock_owner);
             }
-            Readdir { node, fh, offset, size, plus } => {
+            Readdir {
+                node,
+                fh,
+                offset,
+                size,
+                plus,
+            } => {
                 e.u64(*node).u64(*fh).u64(*offset).u32(*size).bool(*plus);
             }
             Access { node, mask } => {
                 e.u64(*node).u32(*mask);
             }
-            Create { parent, name, mode, umask, flags } => {
+            Create {
+                parent,
+                name,
+                mode,
+                umask,
+                flags,
+            } => {
                 e.u64(*parent).name(name).u32(*mode).u32(*umask).u32(*flags);
             }
-            Fallocate { node, fh, offset, length, mode } => {
+            Fallocate {
+                node,
+                fh,
+                offset,
+                length,
+                mode,
+            } => {
                 e.u64(*node).u64(*fh).u64(*offset).u64(*length).u32(*mode);
             }
-            Lseek { node, fh, offset, whence } => {
+            Lseek {
+                node,
+                fh,
+                offset,
+                whence,
+            } => {
                 e.u64(*node).u64(*fh).i64(*offset).u32(*whence);
             }
             CopyFileRange {
@@ -575,9 +779,18 @@ impl Request {
         };
         let r = match op {
             Op::Hello => Hello(crate::handshake::Hello::decode(&mut d)?),
-            Op::Lookup => Lookup { parent: d.u64()?, name: d.name()? },
-            Op::Unlink => Unlink { parent: d.u64()?, name: d.name()? },
-            Op::Rmdir => Rmdir { parent: d.u64()?, name: d.name()? },
+            Op::Lookup => Lookup {
+                parent: d.u64()?,
+                name: d.name()?,
+            },
+            Op::Unlink => Unlink {
+                parent: d.u64()?,
+                name: d.name()?,
+            },
+            Op::Rmdir => Rmdir {
+                parent: d.u64()?,
+                name: d.name()?,
+            },
             Op::Forget => {
                 let n = d.u32()? as usize;
                 // Each item is 16 bytes: bound the allocation by what the frame can hold.
@@ -587,9 +800,18 @@ impl Request {
                 }
                 Forget { nodes }
             }
-            Op::Getattr => Getattr { node: d.u64()?, fh: d.u64()? },
-            Op::Release => Release { node: d.u64()?, fh: d.u64()? },
-            Op::Releasedir => Releasedir { node: d.u64()?, fh: d.u64()? },
+            Op::Getattr => Getattr {
+                node: d.u64()?,
+                fh: d.u64()?,
+            },
+            Op::Release => Release {
+                node: d.u64()?,
+                fh: d.u64()?,
+            },
+            Op::Releasedir => Releasedir {
+                node: d.u64()?,
+                fh: d.u64()?,
+            },
             Op::Setattr => Setattr {
                 node: d.u64()?,
                 fh: d.u64()?,
@@ -635,8 +857,14 @@ impl Request {
                 new_parent: d.u64()?,
                 new_name: d.name()?,
             },
-            Op::Open => Open { node: d.u64()?, flags: d.u32()? },
-            Op::Opendir => Opendir { node: d.u64()?, flags: d.u32()? },
+            Op::Open => Open {
+                node: d.u64()?,
+                flags: d.u32()?,
+            },
+            Op::Opendir => Opendir {
+                node: d.u64()?,
+                flags: d.u32()?,
+            },
             Op::Read => Read {
                 node: d.u64()?,
                 fh: d.u64()?,
@@ -649,18 +877,40 @@ impl Request {
                 offset: d.u64()?,
                 data: d.rest(),
             },
-            Op::Fsync => Fsync { node: d.u64()?, fh: d.u64()?, datasync: d.bool()? },
-            Op::Fsyncdir => Fsyncdir { node: d.u64()?, fh: d.u64()?, datasync: d.bool()? },
+            Op::Fsync => Fsync {
+                node: d.u64()?,
+                fh: d.u64()?,
+                datasync: d.bool()?,
+            },
+            Op::Fsyncdir => Fsyncdir {
+                node: d.u64()?,
+                fh: d.u64()?,
+                datasync: d.bool()?,
+            },
             Op::Setxattr => Setxattr {
                 node: d.u64()?,
                 name: d.name()?,
                 flags: d.u32()?,
                 value: d.blob()?,
             },
-            Op::Getxattr => Getxattr { node: d.u64()?, name: d.name()?, size: d.u32()? },
-            Op::Listxattr => Listxattr { node: d.u64()?, size: d.u32()? },
-            Op::Removexattr => Removexattr { node: d.u64()?, name: d.name()? },
-            Op::Flush => Flush { node: d.u64()?, fh: d.u64()?, lock_owner: d.u64()? },
+            Op::Getxattr => Getxattr {
+                node: d.u64()?,
+                name: d.name()?,
+                size: d.u32()?,
+            },
+            Op::Listxattr => Listxattr {
+                node: d.u64()?,
+                size: d.u32()?,
+            },
+            Op::Removexattr => Removexattr {
+                node: d.u64()?,
+                name: d.name()?,
+            },
+            Op::Flush => Flush {
+                node: d.u64()?,
+                fh: d.u64()?,
+                lock_owner: d.u64()?,
+            },
             Op::Readdir => Readdir {
                 node: d.u64()?,
                 fh: d.u64()?,
@@ -668,7 +918,10 @@ impl Request {
                 size: d.u32()?,
                 plus: d.bool()?,
             },
-            Op::Access => Access { node: d.u64()?, mask: d.u32()? },
+            Op::Access => Access {
+                node: d.u64()?,
+                mask: d.u32()?,
+            },
             Op::Create => Create {
                 parent: d.u64()?,
                 name: d.name()?,
@@ -706,6 +959,15 @@ impl Request {
     }
 }
 
+/// The status word for an error reply. 0 would read as success and values above i32::MAX
+/// as a (negative) protocol error, so neither may be sent as an errno: both become EIO.
+fn wire_status(errno: WireErrno) -> i32 {
+    match i32::try_from(errno.0) {
+        Ok(v) if v > 0 => v,
+        _ => WireErrno::EIO.0 as i32,
+    }
+}
+
 /// Encodes a reply frame: status 0 and the result, or the errno alone.
 pub fn reply_frame(op: u16, id: u64, result: &Result<Reply, WireErrno>) -> Vec<u8> {
     let cap = match result {
@@ -717,7 +979,7 @@ pub fn reply_frame(op: u16, id: u64, result: &Result<Reply, WireErrno>) -> Vec<u
     let e = &mut f.enc;
     match result {
         Err(errno) => {
-            e.i32(errno.0 as i32);
+            e.i32(wire_status(*errno));
         }
         Ok(r) => {
             e.i32(0);
@@ -735,6 +997,8 @@ pub fn data_reply_frame(
     max: usize,
     fill: impl FnOnce(&mut [u8]) -> Result<usize, WireErrno>,
 ) -> Vec<u8> {
+    // Never build (or allocate for) a frame the peer would refuse as too long.
+    let max = max.min(MAX_FRAME_LEN - FRAME_HEADER_LEN - 8);
     let mut f = FrameBuilder::new(FrameKind::Reply, 0, op, id, 8 + max);
     let start = f.enc.buf.len();
     f.enc.i32(0).u32(0);
@@ -748,7 +1012,7 @@ pub fn data_reply_frame(
         }
         Err(errno) => {
             f.enc.buf.truncate(start);
-            f.enc.i32(errno.0 as i32);
+            f.enc.i32(wire_status(errno));
         }
     }
     f.finish()

@@ -57,12 +57,19 @@ pub fn run_session(
         closer,
         peer,
     } = stream;
-    write_magic(&mut *writer)?;
-    match read_magic(&mut *reader, 0) {
+    let greeted = write_magic(&mut *writer).and_then(|_| read_magic(&mut *reader, 0));
+    match greeted {
         Ok(()) => {}
         // A peer that connects and leaves without a word (a readiness probe) is no error.
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            tracing::debug!(peer = %peer, "peer closed before the handshake");
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            tracing::debug!(peer = %peer, "peer left before the handshake");
             return Ok(());
         }
         Err(e) => return Err(e.into()),
@@ -178,11 +185,13 @@ pub fn handle_frame(
     h: &FrameHeader,
     body: Bytes,
 ) -> Result<Option<Vec<u8>>, SessionError> {
+    let no_reply = h.flags & FLAG_NO_REPLY != 0;
     let (caller, req) = match Request::decode(h.op, body) {
         Ok(r) => r,
         Err(tether_proto::DecodeError::UnknownOp(op)) => {
             // Unknown operations get ENOSYS so newer clients can probe; the session goes on.
-            return Ok(Some(reply_frame(op, h.id, &Err(WireErrno::ENOSYS))));
+            let reply = reply_frame(op, h.id, &Err(WireErrno::ENOSYS));
+            return Ok((!no_reply).then_some(reply));
         }
         Err(e) => {
             return Err(SessionError::Protocol(format!(
@@ -191,7 +200,6 @@ pub fn handle_frame(
             )))
         }
     };
-    let no_reply = h.flags & FLAG_NO_REPLY != 0;
     let frame = match req {
         Request::Read {
             node,

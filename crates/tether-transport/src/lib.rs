@@ -133,7 +133,10 @@ pub fn is_loopback(hostport: &str) -> io::Result<bool> {
 }
 
 pub enum Listener {
-    Unix { listener: UnixListener, path: PathBuf },
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
     Tcp(TcpListener),
 }
 
@@ -194,7 +197,10 @@ impl Drop for Listener {
 pub fn memory_pipe() -> (Stream, Stream) {
     let a = Arc::new(Pipe::default());
     let b = Arc::new(Pipe::default());
-    (memory_end(a.clone(), b.clone(), "memory:a"), memory_end(b, a, "memory:b"))
+    (
+        memory_end(a.clone(), b.clone(), "memory:a"),
+        memory_end(b, a, "memory:b"),
+    )
 }
 
 #[derive(Default)]
@@ -284,11 +290,26 @@ mod tests {
             "tcp:[::1]:7070".parse::<Address>(),
             Ok(Address::Tcp("[::1]:7070".into()))
         );
-        assert!(matches!("/run/t.sock".parse::<Address>(), Err(AddressError::NoScheme(_))));
-        assert!(matches!("udp:x:1".parse::<Address>(), Err(AddressError::UnknownScheme(_))));
-        assert!(matches!("tcp:host".parse::<Address>(), Err(AddressError::NoPort(_))));
-        assert!(matches!("tcp:host:99999".parse::<Address>(), Err(AddressError::NoPort(_))));
-        assert!(matches!("unix:".parse::<Address>(), Err(AddressError::EmptyPath(_))));
+        assert!(matches!(
+            "/run/t.sock".parse::<Address>(),
+            Err(AddressError::NoScheme(_))
+        ));
+        assert!(matches!(
+            "udp:x:1".parse::<Address>(),
+            Err(AddressError::UnknownScheme(_))
+        ));
+        assert!(matches!(
+            "tcp:host".parse::<Address>(),
+            Err(AddressError::NoPort(_))
+        ));
+        assert!(matches!(
+            "tcp:host:99999".parse::<Address>(),
+            Err(AddressError::NoPort(_))
+        ));
+        assert!(matches!(
+            "unix:".parse::<Address>(),
+            Err(AddressError::EmptyPath(_))
+        ));
     }
 
     #[test]

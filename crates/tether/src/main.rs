@@ -12,7 +12,11 @@ use tether_server::{Export, ExportOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
 #[derive(Parser)]
-#[command(name = "tether", version, about = "A shared folder for VMs and containers: native speed, never stale.")]
+#[command(
+    name = "tether",
+    version,
+    about = "A shared folder for VMs and containers: native speed, never stale."
+)]
 struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -116,7 +120,8 @@ fn run(cmd: Command) -> Result<()> {
                 },
             )
             .with_context(|| format!("cannot export {}", dir.display()))?;
-            let listener = Listener::bind(&addr).with_context(|| format!("cannot listen on {addr}"))?;
+            let listener =
+                Listener::bind(&addr).with_context(|| format!("cannot listen on {addr}"))?;
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
@@ -177,7 +182,10 @@ fn run(cmd: Command) -> Result<()> {
             thread::spawn(move || {
                 for _ in signals.forever() {
                     if let Err(e) = unmounter.unmount() {
-                        eprintln!("tether: cannot unmount {}: {e} (files still open?)", mp.display());
+                        eprintln!(
+                            "tether: cannot unmount {}: {e} (files still open?)",
+                            mp.display()
+                        );
                     }
                 }
             });
@@ -186,8 +194,7 @@ fn run(cmd: Command) -> Result<()> {
             eprintln!("tether: unmounted {}", mountpoint.display());
             Ok(())
         }
-        Command::Unmount { mountpoint, lazy } => {
-            unmount(&mountpoint, lazy).with_context(|| format!("cannot unmount {}", mountpoint.display()))
-        }
+        Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy)
+            .with_context(|| format!("cannot unmount {}", mountpoint.display())),
     }
 }

@@ -184,7 +184,7 @@ fn readdir_long_names(cx: &mut Ctx) {
     let mut names = Vec::new();
     for (i, len) in [100usize, 200, 254, 255].into_iter().enumerate() {
         let c = (b'a' + i as u8) as char;
-        let name: String = std::iter::repeat(c).take(len).collect();
+        let name: String = std::iter::repeat_n(c, len).collect();
         names.push(name);
     }
     for (i, n) in names.iter().enumerate() {
@@ -197,7 +197,7 @@ fn readdir_long_names(cx: &mut Ctx) {
         cx.ok(&format!("create name len {}", n.len()), r);
     }
     // a 255-byte symlink name with a long target
-    let lname: String = std::iter::repeat('z').take(255).collect();
+    let lname: String = std::iter::repeat_n('z', 255).collect();
     let r = symlink(names[3].as_bytes(), &cx.p(&format!("d/{lname}")));
     cx.ok("symlink(255-byte target, 255-byte name)", r);
     if let Some(list) = cx.setup("list", list_dir(&cx.p("d"))) {
@@ -225,7 +225,7 @@ fn readdir_long_names(cx: &mut Ctx) {
     let r = stat(&cx.p(&format!("d/{lname}")));
     cx.val("stat(through long link)", r.map(|s| describe(&s)));
     // rename long name to another long name
-    let n2: String = std::iter::repeat('y').take(255).collect();
+    let n2: String = std::iter::repeat_n('y', 255).collect();
     let r = rename(&cx.p(&format!("d/{}", names[0])), &cx.p(&format!("d/{n2}")));
     cx.ok("rename(100-byte name, 255-byte name)", r);
     let r = read_file(&cx.p(&format!("d/{n2}")));
@@ -283,8 +283,8 @@ fn odd_names(cx: &mut Ctx) {
 }
 
 fn name_too_long(cx: &mut Ctx) {
-    let n255: String = std::iter::repeat('a').take(255).collect();
-    let n256: String = std::iter::repeat('b').take(256).collect();
+    let n255: String = std::iter::repeat_n('a', 255).collect();
+    let n256: String = std::iter::repeat_n('b', 256).collect();
     let r = open(&cx.p(&n256), libc::O_CREAT | libc::O_WRONLY, 0o644);
     cx.ok("open(256-byte name, O_CREAT)", r);
     let r = stat(&cx.p(&n256));
@@ -314,7 +314,7 @@ fn name_too_long(cx: &mut Ctx) {
     cx.ok("stat(256-byte dir component/x)", r);
     cx.listing("");
     // a path longer than PATH_MAX
-    let long: String = std::iter::repeat("a/").take(2100).collect();
+    let long: String = std::iter::repeat_n("a/", 2100).collect();
     let r = stat(&cx.p(&long));
     cx.ok("stat(path > PATH_MAX)", r);
 }

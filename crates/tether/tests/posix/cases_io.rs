@@ -1194,8 +1194,8 @@ fn locks(cx: &mut Ctx) {
     );
     cx.ok("flock(a, LOCK_UN)", flock(&a, libc::LOCK_UN));
     // OFD byte-range locks conflict between different open file descriptions
-    let wr = libc::F_WRLCK as i32;
-    let rd = libc::F_RDLCK as i32;
+    let wr = libc::F_WRLCK;
+    let rd = libc::F_RDLCK;
     cx.ok(
         "OFD_SETLK(a, WR, 0, 10)",
         fcntl_lock(&a, libc::F_OFD_SETLK, wr, 0, 10),
@@ -1230,7 +1230,7 @@ fn locks(cx: &mut Ctx) {
     }
     cx.ok(
         "OFD_SETLK(a, UNLCK, 0, 10)",
-        fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_UNLCK as i32, 0, 10),
+        fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 10),
     );
     cx.ok(
         "OFD_SETLK(b, WR, 0, 10)",
@@ -1250,7 +1250,7 @@ fn locks(cx: &mut Ctx) {
     );
     cx.ok(
         "OFD_SETLK(b, UNLCK, 0, 0)",
-        fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK as i32, 0, 0),
+        fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0),
     );
     // classic POSIX locks within one process never conflict
     cx.ok(
@@ -1268,7 +1268,7 @@ fn locks(cx: &mut Ctx) {
     );
     cx.ok(
         "F_SETLK(a, UNLCK)",
-        fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK as i32, 0, 0),
+        fcntl_lock(&a, libc::F_SETLK, libc::F_UNLCK, 0, 0),
     );
     cx.ok(
         "OFD_SETLK(b, RD, 0, 1) after unlock",
