@@ -143,7 +143,11 @@ impl Connection {
                 Err(e) => break format!("connection error: {e}"),
             }
         };
-        tracing::warn!(peer = %self.peer, "connection lost: {why}");
+        if self.is_closed() {
+            tracing::debug!(peer = %self.peer, "connection closed: {why}");
+        } else {
+            tracing::warn!(peer = %self.peer, "connection lost: {why}");
+        }
         self.shut_down();
     }
 
