@@ -17,9 +17,11 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request as FuseRequest, TimeOrNow, WriteFlags,
 };
 use tether_proto::{
-    setattr_valid, Attr, Caller, Entry, Reply, Request, SetAttr, SetTime, Timespec, WireErrno,
+    entry_flags, setattr_valid, Attr, Caller, Entry, NodeId, Reply, Request, SetAttr, SetTime,
+    Timespec, WireErrno,
 };
 
+use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::rpc::{Connection, ReplyResult};
 
 /// How long the kernel may trust what it caches. Until the server pushes invalidations
@@ -41,12 +43,34 @@ impl Default for CachePolicy {
 
 pub struct TetherFs {
     conn: Arc<Connection>,
+    /// Timeouts for what the server does not watch.
     cache: CachePolicy,
+    co: Arc<Coherence>,
 }
 
 impl TetherFs {
-    pub fn new(conn: Arc<Connection>, cache: CachePolicy) -> Self {
-        TetherFs { conn, cache }
+    pub fn new(conn: Arc<Connection>, cache: CachePolicy, co: Arc<Coherence>) -> Self {
+        TetherFs { conn, cache, co }
+    }
+}
+
+/// How long the kernel may keep a reply's view of `node` (found in `parent`), for a request
+/// sent at push sequence `sent`: until revoked if watched, not at all if an invalidation
+/// may have overtaken the reply, else the fallback timeout.
+fn ttl_for(
+    co: &Coherence,
+    fallback: Duration,
+    node: NodeId,
+    parent: Option<NodeId>,
+    sent: u64,
+) -> Duration {
+    let parent_fresh = parent.map(|p| co.fresh(p, sent)).unwrap_or(true);
+    if !co.fresh(node, sent) || !parent_fresh {
+        Duration::ZERO
+    } else if co.cacheable(node, sent) {
+        WATCHED_TTL
+    } else {
+        fallback
     }
 }
 
@@ -188,20 +212,32 @@ impl TetherFs {
             });
     }
 
-    fn entry_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEntry) {
-        let ttl = self.cache;
-        self.call(req, msg, reply, move |reply, r| match r {
-            Reply::Entry(e) => {
-                reply.entry_with_ttls(
-                    &ttl.attr_ttl,
-                    &ttl.entry_ttl,
-                    &file_attr(&e.attr),
-                    Generation(e.generation),
-                );
-                Ok(())
-            }
-            _ => Err(reply),
-        });
+    /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
+    fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
+        let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
+        let negative_ok = matches!(msg, Request::Lookup { .. });
+        let msg_ref = &msg;
+        self.conn
+            .call(caller(req), msg_ref, move |res: ReplyResult| match res {
+                Ok(Reply::Entry(e)) => {
+                    co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                    let ttl = ttl_for(&co, fallback.attr_ttl, e.node, Some(parent), sent);
+                    reply.entry_with_ttls(
+                        &ttl,
+                        &ttl,
+                        &file_attr(&e.attr),
+                        Generation(e.generation),
+                    );
+                }
+                Ok(_) => reply.error(Errno::EIO),
+                // A missing name in a watched directory is cached too (node id 0): compilers
+                // and git probe many names that do not exist; the host's create revokes it.
+                Err(WireErrno::ENOENT) if negative_ok && co.cacheable(parent, sent) => {
+                    let attr = file_attr(&Attr::default());
+                    reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+                }
+                Err(e) => reply.error(errno(e)),
+            });
     }
 
     fn empty_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
@@ -214,23 +250,38 @@ impl TetherFs {
         });
     }
 
-    fn attr_call(&self, req: &FuseRequest, msg: Request, reply: ReplyAttr) {
-        let ttl = self.cache.attr_ttl;
+    fn attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
+        let (co, fallback, sent) = (self.co.clone(), self.cache.attr_ttl, self.co.now());
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Attr(a) => {
-                reply.attr(&ttl, &file_attr(&a));
+                reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
                 Ok(())
             }
             _ => Err(reply),
         });
     }
 
-    fn open_call(&self, req: &FuseRequest, msg: Request, reply: ReplyOpen) {
-        self.call(req, msg, reply, |reply, r| match r {
+    /// For open and opendir: keep the kernel's cached pages (or listing) of a watched node,
+    /// since a host change would have revoked them.
+    fn open_call(
+        &self,
+        req: &FuseRequest,
+        node: NodeId,
+        dir: bool,
+        msg: Request,
+        reply: ReplyOpen,
+    ) {
+        let (co, sent) = (self.co.clone(), self.co.now());
+        self.call(req, msg, reply, move |reply, r| match r {
             Reply::Open { fh, .. } => {
-                // No KEEP_CACHE yet: the page cache is dropped at open (close-to-open
-                // consistency) until the server pushes invalidations.
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+                let mut flags = FopenFlags::empty();
+                if co.cacheable(node, sent) {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                    if dir {
+                        flags |= FopenFlags::FOPEN_CACHE_DIR;
+                    }
+                }
+                reply.opened(FileHandle(fh), flags);
                 Ok(())
             }
             _ => Err(reply),
@@ -284,6 +335,7 @@ impl Filesystem for TetherFs {
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.entry_call(
             req,
+            parent.0,
             Request::Lookup {
                 parent: parent.0,
                 name: name(n),
@@ -293,6 +345,7 @@ impl Filesystem for TetherFs {
     }
 
     fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
+        self.co.forget(ino.0);
         self.conn.send_oneway(
             caller(req),
             &Request::Forget {
@@ -303,7 +356,7 @@ impl Filesystem for TetherFs {
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        self.attr_call(req, Request::Getattr { node: ino.0, fh }, reply);
+        self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
     }
 
     fn setattr(
@@ -349,6 +402,7 @@ impl Filesystem for TetherFs {
         let fh = fh.map(|f| f.0).unwrap_or(0);
         self.attr_call(
             req,
+            ino.0,
             Request::Setattr {
                 node: ino.0,
                 fh,
@@ -390,7 +444,7 @@ impl Filesystem for TetherFs {
             rdev: rdev as u64,
             umask,
         };
-        self.entry_call(req, msg, reply);
+        self.entry_call(req, parent.0, msg, reply);
     }
 
     fn mkdir(
@@ -404,6 +458,7 @@ impl Filesystem for TetherFs {
     ) {
         self.entry_call(
             req,
+            parent.0,
             Request::Mkdir {
                 parent: parent.0,
                 name: name(n),
@@ -449,7 +504,7 @@ impl Filesystem for TetherFs {
             name: name(link),
             target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
         };
-        self.entry_call(req, msg, reply);
+        self.entry_call(req, parent.0, msg, reply);
     }
 
     fn rename(
@@ -485,12 +540,14 @@ impl Filesystem for TetherFs {
             new_parent: new_parent.0,
             new_name: name(new_name),
         };
-        self.entry_call(req, msg, reply);
+        self.entry_call(req, new_parent.0, msg, reply);
     }
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.open_call(
             req,
+            ino.0,
+            false,
             Request::Open {
                 node: ino.0,
                 flags: flags.0 as u32,
@@ -607,6 +664,8 @@ impl Filesystem for TetherFs {
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.open_call(
             req,
+            ino.0,
+            true,
             Request::Opendir {
                 node: ino.0,
                 flags: flags.0 as u32,
@@ -665,7 +724,8 @@ impl Filesystem for TetherFs {
             size: 4096,
             plus: true,
         };
-        let ttl = self.cache;
+        let (co, fallback, sent, dir) =
+            (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
         let conn = self.conn.clone();
         let who = caller(req);
         self.call(req, msg, reply, move |mut reply, r| match r {
@@ -683,11 +743,15 @@ impl Filesystem for TetherFs {
                         ..Entry::default()
                     });
                     if !full {
+                        if e.entry.is_some() {
+                            co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
+                        }
+                        let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                         full = reply.add(
                             INodeNo(entry.node),
                             e.offset,
                             OsStr::from_bytes(&e.name),
-                            &ttl.entry_ttl,
+                            &ttl,
                             &file_attr(&entry.attr),
                             Generation(entry.generation),
                         );
@@ -836,15 +900,27 @@ impl Filesystem for TetherFs {
             umask,
             flags: flags as u32,
         };
-        let ttl = self.cache;
+        let (co, fallback, sent, dir) = (
+            self.co.clone(),
+            self.cache.entry_ttl,
+            self.co.now(),
+            parent.0,
+        );
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
+                co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
+                let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
+                let keep = if co.cacheable(entry.node, sent) {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
                 reply.created(
-                    &ttl.entry_ttl,
+                    &ttl,
                     &file_attr(&entry.attr),
                     Generation(entry.generation),
                     FileHandle(fh),
-                    FopenFlags::empty(),
+                    keep,
                 );
                 Ok(())
             }

@@ -1,9 +1,11 @@
 //! Tether's guest side: a pipelined RPC connection to the server ([`rpc`]) and the FUSE
 //! file system that the kernel talks to ([`fuse_fs`]).
 
+pub mod coherence;
 pub mod fuse_fs;
 pub mod mount;
 pub mod rpc;
 
+pub use coherence::Coherence;
 pub use fuse_fs::{CachePolicy, TetherFs};
 pub use rpc::Connection;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
+use crate::coherence::Coherence;
 use crate::fuse_fs::{CachePolicy, TetherFs};
 use crate::rpc::Connection;
 
@@ -38,11 +39,17 @@ pub struct Mounted {
 }
 
 impl Mounted {
+    /// Mounts; `co` must be the coherence state whose `on_push` receives the connection's
+    /// pushes (see `Connection::start`).
     pub fn new(
         conn: Arc<Connection>,
+        co: Arc<Coherence>,
         mountpoint: &Path,
         opts: &MountOptions,
     ) -> io::Result<Mounted> {
+        if conn.hello.features & tether_proto::handshake::features::PUSH_INVALIDATE != 0 {
+            co.enable();
+        }
         let mut options = vec![
             MountOption::FSName(opts.fs_name.clone()),
             MountOption::Subtype("tether".into()),
@@ -64,8 +71,9 @@ impl Mounted {
         };
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
-        let fs = TetherFs::new(conn, opts.cache);
+        let fs = TetherFs::new(conn, opts.cache, co.clone());
         let session = Session::new(fs, mountpoint, &config)?;
+        co.start_applier(session.notifier());
         Ok(Mounted { session })
     }
 

@@ -73,7 +73,13 @@ impl Connection {
         let hello = Request::Hello(Hello {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
-            features: features::IO_BY_NODE,
+            // Ask for pushed invalidations only when someone will apply them.
+            features: features::IO_BY_NODE
+                | if on_push.is_some() {
+                    features::PUSH_INVALIDATE
+                } else {
+                    0
+                },
             max_frame: MAX_FRAME_LEN as u32,
             client_name: client_name.as_bytes().to_vec(),
         });

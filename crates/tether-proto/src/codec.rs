@@ -146,6 +146,10 @@ impl Decoder {
         self.take(n)?;
         Ok(self.body.slice(start..start + n))
     }
+    /// Bytes left in the frame.
+    pub fn remaining(&self) -> usize {
+        self.body.len() - self.pos
+    }
     /// Everything up to the end of the frame, without copying.
     pub fn rest(&mut self) -> Bytes {
         let s = self.body.slice(self.pos..);

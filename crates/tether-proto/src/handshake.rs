@@ -12,7 +12,8 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 /// Feature bits, negotiated as the intersection of both sides' sets.
 pub mod features {
-    /// Server pushes invalidations (reserved for the coherence work).
+    /// The server watches what the client holds and pushes invalidations; the client may
+    /// cache watched nodes without a timeout.
     pub const PUSH_INVALIDATE: u64 = 1 << 0;
     /// Reads and writes may be addressed by node with handle 0.
     pub const IO_BY_NODE: u64 = 1 << 1;

@@ -9,12 +9,14 @@ pub mod errno;
 pub mod frame;
 pub mod handshake;
 pub mod message;
+pub mod push;
 
 pub use codec::{DecodeError, Decoder, Encoder};
 pub use errno::WireErrno;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use handshake::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 pub use message::*;
+pub use push::{decode_invalidate, invalidate_frame, push_op, Invalidation};
 
 /// A node id issued by the server. Ids are never reused within one server session.
 pub type NodeId = u64;

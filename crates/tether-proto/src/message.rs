@@ -167,9 +167,17 @@ pub struct Attr {
 pub struct Entry {
     pub node: NodeId,
     pub generation: u64,
-    /// Bit 0: the server watches this node for changes (reserved; 0 for now).
+    /// [`entry_flags`]: what the server promises about this entry.
     pub flags: u32,
     pub attr: Attr,
+}
+
+/// Entry flags.
+pub mod entry_flags {
+    /// The server watches this entry (its directory, and the node itself if it is a
+    /// directory) and will push an invalidation when it changes on the host: the client may
+    /// cache it without a timeout.
+    pub const WATCHED: u32 = 1;
 }
 
 /// setattr field mask.

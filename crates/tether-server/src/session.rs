@@ -2,12 +2,15 @@
 //! workers, which execute them concurrently and write replies as they finish (out of order).
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::Duration;
 
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver};
 use tether_proto::frame::FLAG_NO_REPLY;
+use tether_proto::handshake::features;
 use tether_proto::{
     data_reply_frame, reply_frame, FrameHeader, FrameKind, HelloReply, Op, Reply, Request,
     WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
@@ -90,10 +93,27 @@ pub fn run_session(
         unreachable!()
     };
     let version_ok = hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version;
+    // Push invalidations only if the root can be watched; otherwise the client revalidates.
+    let wants_push = hello.features & features::PUSH_INVALIDATE != 0;
+    let fs = match ExportFs::new(export.clone(), version_ok && wants_push) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => {
+            let frame = reply_frame(h.op, h.id, &Err(e));
+            writer.write_all(&frame)?;
+            return Err(SessionError::Protocol(format!(
+                "cannot open the export: {e}"
+            )));
+        }
+    };
+    let watch = fs.watching();
+    let mut granted = hello.features & features::IO_BY_NODE;
+    if watch {
+        granted |= features::PUSH_INVALIDATE;
+    }
     let result = if version_ok {
         Ok(Reply::Hello(HelloReply {
             version: PROTOCOL_VERSION,
-            features: hello.features & tether_proto::handshake::features::IO_BY_NODE,
+            features: granted,
             max_frame: MAX_FRAME_LEN as u32,
             max_in_flight: limits.max_in_flight as u32,
             instance: export.instance,
@@ -113,11 +133,19 @@ pub fn run_session(
     tracing::info!(
         peer = %peer,
         client = %String::from_utf8_lossy(&hello.client_name),
+        watching = watch,
         "session started"
     );
 
-    let fs = Arc::new(ExportFs::new(export).map_err(|e| SessionError::Protocol(e.to_string()))?);
     let writer: SharedWriter = Arc::new(Mutex::new(writer));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch.then(|| {
+        let (fs, writer, stop) = (fs.clone(), writer.clone(), stop.clone());
+        thread::Builder::new()
+            .name("tether-watch".into())
+            .spawn(move || push_changes(&fs, &writer, &stop))
+            .expect("spawn watcher")
+    });
     let (tx, rx) = bounded::<(FrameHeader, Bytes)>(limits.max_in_flight);
     let workers: Vec<_> = (0..limits.workers)
         .map(|i| {
@@ -154,11 +182,32 @@ pub fn run_session(
     };
     drop(tx);
     closer.close();
+    stop.store(true, Ordering::Relaxed);
     for w in workers {
+        let _ = w.join();
+    }
+    if let Some(w) = watcher {
         let _ = w.join();
     }
     tracing::info!(peer = %peer, nodes = fs.nodes.len(), handles = fs.open_handles(), "session ended");
     outcome
+}
+
+/// Sends the client an INVALIDATE push for every batch of host changes to what it holds.
+fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let items = fs.changes(Duration::from_millis(200));
+        if items.is_empty() {
+            continue;
+        }
+        seq += 1;
+        tracing::debug!(seq, items = items.len(), "pushing invalidations");
+        let frame = tether_proto::invalidate_frame(seq, &items);
+        if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
+            return;
+        }
+    }
 }
 
 fn worker(

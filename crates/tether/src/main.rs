@@ -7,7 +7,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tether_client::mount::{unmount, MountOptions, Mounted};
-use tether_client::{CachePolicy, Connection};
+use tether_client::{CachePolicy, Coherence, Connection};
 use tether_server::{Export, ExportOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
@@ -46,9 +46,14 @@ enum Command {
         /// The server: unix:/path/to.sock or tcp:HOST:PORT.
         address: String,
         mountpoint: PathBuf,
-        /// Seconds the kernel may cache attributes and names.
+        /// Seconds the kernel may cache attributes and names the server does not watch
+        /// (watched ones are cached until the server revokes them).
         #[arg(long, default_value_t = 1.0)]
         attr_timeout: f64,
+        /// Do not ask the server to push invalidations: cache everything for
+        /// --attr-timeout only, and re-read file data at every open.
+        #[arg(long)]
+        no_push: bool,
         /// Mount read-only.
         #[arg(long)]
         read_only: bool,
@@ -151,6 +156,7 @@ fn run(cmd: Command) -> Result<()> {
             attr_timeout,
             read_only,
             threads,
+            no_push,
         } => {
             let addr = parse_address(&address)?;
             if !mountpoint.is_dir() {
@@ -162,7 +168,14 @@ fn run(cmd: Command) -> Result<()> {
             let stream = tether_transport::connect(&addr)
                 .with_context(|| format!("cannot connect to {addr}"))?;
             let name = format!("tether-mount {}", env!("CARGO_PKG_VERSION"));
-            let conn = Connection::start(stream, &name, None)
+            let co = Coherence::new();
+            let on_push: Option<tether_client::rpc::PushHandler> = if no_push {
+                None
+            } else {
+                let co = co.clone();
+                Some(Box::new(move |h, body| co.on_push(h, body)))
+            };
+            let conn = Connection::start(stream, &name, on_push)
                 .with_context(|| format!("handshake with {addr} failed"))?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);
             let opts = MountOptions {
@@ -174,7 +187,7 @@ fn run(cmd: Command) -> Result<()> {
                 threads,
                 read_only,
             };
-            let mut mounted = Mounted::new(conn, &mountpoint, &opts)
+            let mut mounted = Mounted::new(conn, co, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
             let mut unmounter = mounted.unmounter();
             let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;

@@ -6,6 +6,7 @@
 mod nodes;
 mod ops;
 pub mod sys;
+pub mod watch;
 
 use std::ffi::CString;
 use std::io;

@@ -11,7 +11,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crossbeam_queue::SegQueue;
@@ -39,6 +39,12 @@ pub struct Node {
     /// Lookups the client holds; changed only under the table's entry lock.
     lookups: AtomicU64,
     budget: Arc<FdBudget>,
+    /// The host ctime up to which the client's caches of this node are known to be
+    /// coherent (see docs/coherence.md, echo suppression). Also serializes this session's
+    /// own mutations of the node against the watcher's checks.
+    pub synced_ctime: Mutex<(i64, i64)>,
+    /// A directory with an inotify watch: changes in it are pushed to the client.
+    pub watched: AtomicBool,
 }
 
 impl Node {
@@ -146,6 +152,8 @@ impl NodeTable {
             location: Mutex::new(None),
             lookups: AtomicU64::new(1),
             budget: budget.clone(),
+            synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
+            watched: AtomicBool::new(false),
         });
         budget.opened(&root);
         table.nodes.insert(ROOT_NODE, root);
@@ -209,6 +217,8 @@ impl NodeTable {
                     location: Mutex::new(None),
                     lookups: AtomicU64::new(0),
                     budget: self.budget.clone(),
+                    synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
+                    watched: AtomicBool::new(false),
                 });
                 fresh = Some(n.clone());
                 n
@@ -235,16 +245,32 @@ impl NodeTable {
         node
     }
 
-    /// Drops `count` lookups; the node leaves the table when none are left.
-    pub fn forget(&self, id: NodeId, count: u64) {
+    /// Drops `count` lookups; returns the node if it left the table (none are left).
+    pub fn forget(&self, id: NodeId, count: u64) -> Option<Arc<Node>> {
         if id == ROOT_NODE {
-            return;
+            return None;
         }
-        self.nodes.remove_if(&id, |_, node| {
-            let left = node.lookups.load(Ordering::Relaxed).saturating_sub(count);
-            node.lookups.store(left, Ordering::Relaxed);
-            left == 0
-        });
+        self.nodes
+            .remove_if(&id, |_, node| {
+                let left = node.lookups.load(Ordering::Relaxed).saturating_sub(count);
+                node.lookups.store(left, Ordering::Relaxed);
+                left == 0
+            })
+            .map(|(_, n)| n)
+    }
+
+    /// Every node in the table (for invalidating everything after a lost watch queue).
+    pub fn all_ids(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|e| *e.key()).collect()
+    }
+
+    /// The node for a host inode, if the client holds it.
+    pub fn find(&self, dev: u64, ino: u64) -> Option<Arc<Node>> {
+        let id = self.id_for(dev, ino);
+        self.nodes
+            .get(&id)
+            .map(|n| n.clone())
+            .filter(|n| n.ino == ino && n.dev == dev)
     }
 
     /// Updates where a node is found after a rename made through this server.

@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use dashmap::DashMap;
 use tether_proto::{
-    setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, NodeId, Reply, Request, SetTime,
-    Timespec, WireErrno, ROOT_NODE,
+    entry_flags, setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, Invalidation, NodeId,
+    Reply, Request, SetTime, Timespec, WireErrno, ROOT_NODE,
 };
 
 use super::nodes::{Node, NodeTable};
 use super::sys::{self, FsCreds, SysResult};
+use super::watch::{name_change, Batch, NameChange, Watcher};
 use super::Export;
 
 /// Longest name a component may have (Linux NAME_MAX).
@@ -32,6 +33,8 @@ pub struct ExportFs {
     pub nodes: NodeTable,
     handles: DashMap<HandleId, Arc<Handle>>,
     next_handle: AtomicU64,
+    /// Present when the client asked for pushed invalidations.
+    pub watcher: Option<Watcher>,
 }
 
 /// Checks a single path component from the guest.
@@ -77,17 +80,46 @@ pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
 }
 
 impl ExportFs {
-    pub fn new(export: Arc<Export>) -> SysResult<ExportFs> {
+    /// A session's view of the export; with `watch`, changes to what the client holds are
+    /// reported by [`ExportFs::changes`].
+    pub fn new(export: Arc<Export>, watch: bool) -> SysResult<ExportFs> {
         let root = export
             .root_fd()
             .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
         let nodes = NodeTable::new(root, export.budget.clone())?;
-        Ok(ExportFs {
+        let watcher = if watch {
+            match Watcher::new() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!("cannot watch the export ({e}): the client will revalidate");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let fs = ExportFs {
             export,
             nodes,
             handles: DashMap::new(),
             next_handle: AtomicU64::new(1),
-        })
+            watcher,
+        };
+        if let Some(w) = &fs.watcher {
+            let (root, fd) = fs.node_fd(ROOT_NODE)?;
+            if w.watch(ROOT_NODE, &fd) {
+                root.watched.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(fs)
+    }
+
+    /// True when the root is watched, so the client may cache without timeouts.
+    pub fn watching(&self) -> bool {
+        self.nodes
+            .get(ROOT_NODE)
+            .map(|n| n.watched.load(Ordering::Relaxed))
+            .unwrap_or(false)
     }
 
     pub fn open_handles(&self) -> usize {
@@ -141,13 +173,178 @@ impl ExportFs {
     ) -> SysResult<Entry> {
         let fd = sys::open_path(parent_fd, &name)?;
         let st = sys::fstat(fd.as_fd())?;
-        let node = self.nodes.remember(fd, &st, parent, name);
+        self.entry_for(parent, fd, &st, name)
+    }
+
+    /// Records a lookup of `fd` (found as `name` in `parent`), watching it if it is a new
+    /// directory, and builds its entry.
+    fn entry_for(
+        &self,
+        parent: NodeId,
+        fd: OwnedFd,
+        st: &libc::stat,
+        name: CString,
+    ) -> SysResult<Entry> {
+        let node = self.nodes.remember(fd, st, parent, name);
+        let mut flags = 0;
+        if let Some(w) = &self.watcher {
+            if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
+                let fd = self.nodes.fd(&node)?;
+                if w.watch(node.id, &fd) {
+                    node.watched.store(true, Ordering::Relaxed);
+                }
+            }
+            let parent_watched = self
+                .nodes
+                .get(parent)
+                .map(|p| p.watched.load(Ordering::Relaxed))
+                .unwrap_or(false);
+            if parent_watched && (!node.is_dir() || node.watched.load(Ordering::Relaxed)) {
+                flags |= entry_flags::WATCHED;
+            }
+        }
         Ok(Entry {
             node: node.id,
             generation: node.generation,
-            flags: 0,
-            attr: self.attr_of(&st, node.id),
+            flags,
+            attr: self.attr_of(st, node.id),
         })
+    }
+
+    /// Runs this session's own change of `node` (through descriptor `fd`) so that its echo
+    /// from the watcher is recognised: if the client was coherent with the node before the
+    /// change, it is coherent after it (its kernel saw the change happen).
+    fn own_change<T>(
+        &self,
+        node: &Node,
+        fd: BorrowedFd<'_>,
+        op: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        if self.watcher.is_none() {
+            return op();
+        }
+        let mut synced = node.synced_ctime.lock().unwrap();
+        let before = sys::fstat(fd).map(|st| (st.st_ctime, st.st_ctime_nsec));
+        let r = op();
+        if before.as_ref().ok() == Some(&*synced) {
+            if let Ok(after) = sys::fstat(fd) {
+                *synced = (after.st_ctime, after.st_ctime_nsec);
+            }
+        }
+        r
+    }
+
+    /// Runs a change of names in directories, telling the watcher to expect its echoes.
+    fn own_names<T>(
+        &self,
+        changes: &[(NodeId, &[u8], NameChange)],
+        op: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        let Some(w) = &self.watcher else { return op() };
+        for (dir, name, change) in changes {
+            w.expect(*dir, name, *change);
+        }
+        let r = op();
+        if r.is_err() {
+            for (dir, name, change) in changes {
+                w.unexpect(*dir, name, *change);
+            }
+        }
+        r
+    }
+
+    /// Turns watch events into the invalidations the client needs, leaving out the echoes
+    /// of its own changes. Waits up to `timeout` for events.
+    pub fn changes(&self, timeout: std::time::Duration) -> Vec<Invalidation> {
+        let Some(w) = &self.watcher else {
+            std::thread::sleep(timeout);
+            return Vec::new();
+        };
+        let events = match w.read(timeout) {
+            Ok(Batch::Events(e)) => e,
+            Ok(Batch::Overflow) => {
+                tracing::warn!("watch queue overflowed: invalidating everything the client holds");
+                return vec![Invalidation::All];
+            }
+            Err(e) => {
+                tracing::warn!("reading watch events failed: {e}");
+                return Vec::new();
+            }
+        };
+        let mut out: Vec<Invalidation> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut push = |inv: Invalidation, out: &mut Vec<Invalidation>| {
+            if seen.insert(inv.clone()) {
+                out.push(inv);
+            }
+        };
+        for ev in events {
+            let Ok((dir, dir_fd)) = self.node_fd(ev.dir) else {
+                continue;
+            };
+            match (&ev.name, name_change(ev.mask)) {
+                (Some(name), Some(change)) => {
+                    if w.is_own(ev.dir, name, change) {
+                        continue;
+                    }
+                    push(
+                        Invalidation::Entry {
+                            parent: ev.dir,
+                            name: Bytes::from(name.clone()),
+                        },
+                        &mut out,
+                    );
+                    push(Invalidation::Inode(ev.dir), &mut out);
+                }
+                (Some(name), None) => {
+                    // Content or attributes of a file in the directory.
+                    let Ok(cname) = CString::new(name.clone()) else {
+                        continue;
+                    };
+                    let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+                        continue;
+                    };
+                    if let Some(child) = self.nodes.find(st.st_dev, st.st_ino) {
+                        if self.changed_since_sync(&child, &st) {
+                            push(Invalidation::Inode(child.id), &mut out);
+                        }
+                    }
+                }
+                (None, _) => {
+                    // The directory itself: its attributes, or it was deleted or moved.
+                    let gone = ev.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0;
+                    let changed = match sys::fstat(dir_fd.as_fd()) {
+                        Ok(st) => self.changed_since_sync(&dir, &st),
+                        Err(_) => true,
+                    };
+                    if gone || changed {
+                        push(Invalidation::Inode(ev.dir), &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the host state `st` of `node` differs from what the client is coherent with;
+    /// if so, the client is about to be told, so it becomes the new coherent state.
+    fn changed_since_sync(&self, node: &Node, st: &libc::stat) -> bool {
+        let mut synced = node.synced_ctime.lock().unwrap();
+        let now = (st.st_ctime, st.st_ctime_nsec);
+        if *synced == now {
+            return false;
+        }
+        *synced = now;
+        true
+    }
+
+    /// Every node and entry the client holds, for a lost watch queue.
+    pub fn everything(&self) -> Vec<Invalidation> {
+        self.nodes
+            .all_ids()
+            .into_iter()
+            .map(Invalidation::Inode)
+            .collect()
     }
 
     /// Runs a creating syscall as the guest's caller, so the new file is theirs.
@@ -258,7 +455,11 @@ impl ExportFs {
             }
             Forget { nodes } => {
                 for (id, n) in nodes {
-                    self.nodes.forget(id, n);
+                    if let (Some(gone), Some(w)) = (self.nodes.forget(id, n), &self.watcher) {
+                        if gone.watched.load(Ordering::Relaxed) {
+                            w.unwatch(gone.id);
+                        }
+                    }
                 }
                 Ok(Reply::Empty)
             }
@@ -291,8 +492,10 @@ impl ExportFs {
                 }
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                self.as_caller(caller, || {
-                    sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
+                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
+                    self.as_caller(caller, || {
+                        sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
+                    })
                 })?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
@@ -305,18 +508,26 @@ impl ExportFs {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm))?;
+                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
+                    self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm))
+                })?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
             Unlink { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
-                sys::unlinkat(pfd.as_fd(), &name, 0).map(|_| Reply::Empty)
+                self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
+                    sys::unlinkat(pfd.as_fd(), &name, 0)
+                })
+                .map(|_| Reply::Empty)
             }
             Rmdir { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
-                sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR).map(|_| Reply::Empty)
+                self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
+                    sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
+                })
+                .map(|_| Reply::Empty)
             }
             Symlink {
                 parent,
@@ -329,7 +540,9 @@ impl ExportFs {
                 }
                 let target = CString::new(target.to_vec()).map_err(|_| WireErrno::EINVAL)?;
                 let pfd = self.dir_fd(parent)?;
-                self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name))?;
+                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
+                    self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name))
+                })?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
             Rename {
@@ -350,7 +563,8 @@ impl ExportFs {
                     return Err(WireErrno::EPERM);
                 }
                 let pfd = self.dir_fd(new_parent)?;
-                let linked =
+                let expect = [(new_parent, new_name.as_bytes(), NameChange::Created)];
+                self.own_names(&expect, || {
                     sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
                         .or_else(|e| {
                             // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
@@ -365,8 +579,8 @@ impl ExportFs {
                             } else {
                                 Err(e)
                             }
-                        });
-                linked?;
+                        })
+                })?;
                 self.lookup_in(new_parent, pfd.as_fd(), new_name)
                     .map(Reply::Entry)
             }
@@ -375,7 +589,12 @@ impl ExportFs {
                 if n.is_dir() && flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32 {
                     return Err(WireErrno::EISDIR);
                 }
-                let f = self.reopen(&fd, open_host_flags(flags))?;
+                let reopen = || self.reopen(&fd, open_host_flags(flags));
+                let f = if flags & libc::O_TRUNC as u32 != 0 {
+                    self.own_change(&n, fd.as_fd(), reopen)?
+                } else {
+                    reopen()?
+                };
                 let fh = self.add_handle(Handle::File(f))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
@@ -389,25 +608,31 @@ impl ExportFs {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                let hflags = open_host_flags(flags)
-                    | libc::O_CREAT
-                    | (flags as i32 & libc::O_EXCL)
-                    | libc::O_NOFOLLOW;
-                let f = self.as_caller(caller, || sys::openat(pfd.as_fd(), &name, hflags, perm))?;
+                // Create exclusively, so the server knows whether it made the file (and so
+                // whether to expect the watcher's echo); open an existing one only if the
+                // guest did not ask for O_EXCL.
+                let base = open_host_flags(flags) | libc::O_NOFOLLOW;
+                let expect = [(parent, name.as_bytes(), NameChange::Created)];
+                let created = self.own_names(&expect, || {
+                    self.as_caller(caller, || {
+                        let excl = base | libc::O_CREAT | libc::O_EXCL;
+                        sys::openat(pfd.as_fd(), &name, excl, perm)
+                    })
+                });
+                let f = match created {
+                    Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
+                        sys::openat(pfd.as_fd(), &name, base, 0)?
+                    }
+                    r => r?,
+                };
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
                 let st = sys::fstat(path_fd.as_fd())?;
-                let node = self.nodes.remember(path_fd, &st, parent, name);
-                let entry = Entry {
-                    node: node.id,
-                    generation: node.generation,
-                    flags: 0,
-                    attr: self.attr_of(&st, node.id),
-                };
+                let entry = self.entry_for(parent, path_fd, &st, name)?;
                 let fh = match self.add_handle(Handle::File(f)) {
                     Ok(fh) => fh,
                     Err(e) => {
-                        self.nodes.forget(node.id, 1);
+                        self.nodes.forget(entry.node, 1);
                         return Err(e);
                     }
                 };
@@ -424,16 +649,18 @@ impl ExportFs {
                 offset,
                 data,
             } => {
-                let n = if fh == 0 {
-                    let (_, fd) = self.node_fd(node)?;
+                let (n, fd) = self.node_fd(node)?;
+                let written = if fh == 0 {
                     let f = self.reopen(&fd, libc::O_WRONLY)?;
-                    sys::pwrite(f.as_fd(), &data, offset)?
+                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?
                 } else {
                     let h = self.file(fh)?;
                     let Handle::File(f) = &*h else { unreachable!() };
-                    sys::pwrite(f.as_fd(), &data, offset)?
+                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?
                 };
-                Ok(Reply::Written { size: n as u64 })
+                Ok(Reply::Written {
+                    size: written as u64,
+                })
             }
             Statfs { node } => {
                 let (_, fd) = self.node_fd(node)?;
@@ -476,7 +703,9 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::EPERM);
                 }
-                sys::setxattr(&Self::proc_path(&fd), &name, &value, flags as i32)?;
+                self.own_change(&n, fd.as_fd(), || {
+                    sys::setxattr(&Self::proc_path(&fd), &name, &value, flags as i32)
+                })?;
                 Ok(Reply::Empty)
             }
             Getxattr { node, name, size } => {
@@ -502,7 +731,9 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::EPERM);
                 }
-                sys::removexattr(&Self::proc_path(&fd), &name)?;
+                self.own_change(&n, fd.as_fd(), || {
+                    sys::removexattr(&Self::proc_path(&fd), &name)
+                })?;
                 Ok(Reply::Empty)
             }
             Opendir { node, .. } => {
@@ -528,15 +759,18 @@ impl ExportFs {
                 Ok(Reply::Empty)
             }
             Fallocate {
+                node,
                 fh,
                 offset,
                 length,
                 mode,
-                ..
             } => {
                 let h = self.file(fh)?;
                 let Handle::File(f) = &*h else { unreachable!() };
-                sys::fallocate(f.as_fd(), mode as i32, offset, length)?;
+                let n = self.nodes.get(node)?;
+                self.own_change(&n, f.as_fd(), || {
+                    sys::fallocate(f.as_fd(), mode as i32, offset, length)
+                })?;
                 Ok(Reply::Empty)
             }
             Lseek {
@@ -550,6 +784,7 @@ impl ExportFs {
             CopyFileRange {
                 fh_in,
                 offset_in,
+                node_out,
                 fh_out,
                 offset_out,
                 len,
@@ -564,7 +799,10 @@ impl ExportFs {
                 let (Handle::File(fi), Handle::File(fo)) = (&*hi, &*ho) else {
                     unreachable!()
                 };
-                let n = sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len)?;
+                let out = self.nodes.get(node_out)?;
+                let n = self.own_change(&out, fo.as_fd(), || {
+                    sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len)
+                })?;
                 Ok(Reply::Written { size: n })
             }
         }
@@ -572,6 +810,18 @@ impl ExportFs {
 
     fn setattr(&self, node: NodeId, fh: HandleId, set: tether_proto::SetAttr) -> SysResult<Attr> {
         let (n, fd) = self.node_fd(node)?;
+        self.own_change(&n, fd.as_fd(), || self.apply_setattr(&n, &fd, fh, set))?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok(self.attr_of(&st, node))
+    }
+
+    fn apply_setattr(
+        &self,
+        n: &Node,
+        fd: &OwnedFd,
+        fh: HandleId,
+        set: tether_proto::SetAttr,
+    ) -> SysResult<()> {
         let file = if fh != 0 { self.file(fh).ok() } else { None };
         let file_fd = file.as_ref().map(|h| match &**h {
             Handle::File(f) => f.as_fd(),
@@ -598,14 +848,13 @@ impl ExportFs {
             }
             match file_fd {
                 Some(f) => sys::ftruncate(f, set.size)?,
-                None => sys::truncate_path(&Self::proc_path(&fd), set.size)?,
+                None => sys::truncate_path(&Self::proc_path(fd), set.size)?,
             }
         }
         if set.atime != SetTime::Omit || set.mtime != SetTime::Omit {
             sys::utimens_empty(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
         }
-        let st = sys::fstat(fd.as_fd())?;
-        Ok(self.attr_of(&st, node))
+        Ok(())
     }
 
     fn rename(
@@ -624,7 +873,17 @@ impl ExportFs {
         }
         let pfd = self.dir_fd(parent)?;
         let npfd = self.dir_fd(new_parent)?;
-        sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)?;
+        let mut expect = vec![
+            (parent, name.as_bytes(), NameChange::MovedFrom),
+            (new_parent, new_name.as_bytes(), NameChange::MovedTo),
+        ];
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            expect.push((new_parent, new_name.as_bytes(), NameChange::MovedFrom));
+            expect.push((parent, name.as_bytes(), NameChange::MovedTo));
+        }
+        self.own_names(&expect, || {
+            sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
+        })?;
         // Keep the moved nodes findable by name should their descriptors be evicted.
         if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
             self.nodes.moved(

@@ -1,0 +1,192 @@
+//! Guest caches that live until the host revokes them.
+//!
+//! The server pushes INVALIDATE frames; the RPC reader thread hands them to
+//! [`Coherence::on_push`], which records *when* each node was invalidated (a push sequence
+//! number) and queues the work. A dedicated thread applies the queue as FUSE notifications:
+//! never from a request handler and never while holding a lock, because the kernel may have
+//! to wait for an in-flight reply before it can drop a page or a dentry (FUSE-FACTS.md,
+//! deadlocks).
+//!
+//! Ordering rule: a reply to a request that was sent before the newest invalidation of a node
+//! it describes may have been computed before that change, so it is not cached (TTL 0).
+//! Requests sent after the push was received were answered after the server saw the change.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use fuser::{INodeNo, Notifier};
+use tether_proto::{decode_invalidate, push_op, FrameHeader, Invalidation, NodeId, ROOT_NODE};
+
+/// How long the kernel may keep what the server watches: "until revoked".
+pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Default)]
+pub struct Counters {
+    pub pushes: AtomicU64,
+    pub invalidations: AtomicU64,
+}
+
+pub struct Coherence {
+    /// The server watches and pushes (negotiated in HELLO).
+    enabled: AtomicBool,
+    /// Sequence number of the newest push received.
+    last_push: AtomicU64,
+    /// Node -> sequence of the newest push that invalidated it (or an entry in it).
+    invalidated: DashMap<NodeId, u64>,
+    /// Nodes whose entries the server marked as watched.
+    watched: DashMap<NodeId, ()>,
+    queue: Mutex<Sender<Vec<Invalidation>>>,
+    pending: Mutex<Option<Receiver<Vec<Invalidation>>>>,
+    pub counters: Counters,
+}
+
+impl Coherence {
+    pub fn new() -> Arc<Coherence> {
+        let (tx, rx) = channel();
+        Arc::new(Coherence {
+            enabled: AtomicBool::new(false),
+            last_push: AtomicU64::new(0),
+            invalidated: DashMap::new(),
+            watched: DashMap::new(),
+            queue: Mutex::new(tx),
+            pending: Mutex::new(Some(rx)),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
+        self.watched.insert(ROOT_NODE, ());
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// The push sequence to remember when sending a request.
+    pub fn now(&self) -> u64 {
+        self.last_push.load(Ordering::Acquire)
+    }
+
+    /// True when nothing about `node` was invalidated after a request sent at `sent`.
+    pub fn fresh(&self, node: NodeId, sent: u64) -> bool {
+        self.invalidated
+            .get(&node)
+            .map(|s| *s <= sent)
+            .unwrap_or(true)
+    }
+
+    /// May the kernel keep what a reply (to a request sent at `sent`) says about `node`
+    /// until it is revoked?
+    pub fn cacheable(&self, node: NodeId, sent: u64) -> bool {
+        self.enabled() && self.watched.contains_key(&node) && self.fresh(node, sent)
+    }
+
+    pub fn set_watched(&self, node: NodeId, watched: bool) {
+        if watched {
+            self.watched.insert(node, ());
+        } else {
+            self.watched.remove(&node);
+        }
+    }
+
+    pub fn forget(&self, node: NodeId) {
+        if node != ROOT_NODE {
+            self.watched.remove(&node);
+            self.invalidated.remove(&node);
+        }
+    }
+
+    /// Directories and files the server does not watch (they fall back to revalidation).
+    pub fn watched_count(&self) -> usize {
+        self.watched.len()
+    }
+
+    /// Called on the RPC reader thread for every push frame, in stream order.
+    pub fn on_push(&self, h: FrameHeader, body: Bytes) {
+        if h.op != push_op::INVALIDATE {
+            return; // a push type from a newer server: ignore it
+        }
+        let items = match decode_invalidate(body) {
+            Ok(items) => items,
+            Err(e) => {
+                tracing::warn!("malformed invalidation push: {e}");
+                return;
+            }
+        };
+        let seq = h.id;
+        for item in &items {
+            match item {
+                Invalidation::Inode(n) | Invalidation::Entry { parent: n, .. } => {
+                    self.invalidated.insert(*n, seq);
+                }
+                Invalidation::All => {
+                    // Treat every node as invalidated now.
+                    for mut e in self.invalidated.iter_mut() {
+                        *e = seq;
+                    }
+                    for e in self.watched.iter() {
+                        self.invalidated.insert(*e.key(), seq);
+                    }
+                }
+            }
+        }
+        self.last_push.fetch_max(seq, Ordering::AcqRel);
+        self.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        let _ = self.queue.lock().unwrap().send(items);
+    }
+
+    /// Starts the thread that applies invalidations to the kernel.
+    pub fn start_applier(self: &Arc<Self>, notifier: Notifier) {
+        let Some(rx) = self.pending.lock().unwrap().take() else {
+            return;
+        };
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("tether-invalidate".into())
+            .spawn(move || me.apply_loop(rx, notifier))
+            .expect("spawn invalidation thread");
+    }
+
+    fn apply_loop(&self, rx: Receiver<Vec<Invalidation>>, notifier: Notifier) {
+        while let Ok(first) = rx.recv() {
+            // Coalesce a burst: everything queued so far, each item once.
+            let mut batch = first;
+            while let Ok(more) = rx.try_recv() {
+                batch.extend(more);
+            }
+            let mut seen = HashSet::new();
+            for item in batch {
+                if !seen.insert(item.clone()) {
+                    continue;
+                }
+                self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+                // Errors mean the kernel holds nothing for it (already forgotten): fine.
+                match item {
+                    Invalidation::Inode(n) => {
+                        let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                    }
+                    Invalidation::Entry { parent, name } => {
+                        let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                    }
+                    Invalidation::All => {
+                        let nodes: Vec<NodeId> = self.watched.iter().map(|e| *e.key()).collect();
+                        for n in nodes {
+                            let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                        }
+                        // Cached names cannot be listed one by one: ask the kernel to drop
+                        // every unused dentry (best effort; needs root).
+                        let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Watching what the client holds: one inotify instance per session, one watch per
+//! directory node. A watch on a directory reports changes to the directory's entries and to
+//! the content and attributes of the files in it, which is everything the guest caches.
+//!
+//! Linux only (inotify); another host needs another implementation of this module
+//! (FSEvents on macOS, ReadDirectoryChangesW on Windows) with the same surface.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use tether_proto::NodeId;
+
+/// What is watched on each directory.
+const MASK: u32 = libc::IN_MODIFY
+    | libc::IN_ATTRIB
+    | libc::IN_CLOSE_WRITE
+    | libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_MOVE_SELF
+    | libc::IN_ONLYDIR
+    | libc::IN_EXCL_UNLINK;
+// No IN_DONT_FOLLOW: the watch is added through the /proc/self/fd magic link, which must be
+// followed to reach the directory the server holds (and only that directory).
+
+/// How long an expected echo of the session's own change is kept.
+const EXPECTATION_TTL: Duration = Duration::from_secs(10);
+
+/// A change to a name in a directory, as inotify reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NameChange {
+    Created,
+    Deleted,
+    MovedFrom,
+    MovedTo,
+}
+
+/// One inotify event, resolved to the watched directory's node.
+#[derive(Debug, Clone)]
+pub struct WatchEvent {
+    pub dir: NodeId,
+    pub mask: u32,
+    pub name: Option<Vec<u8>>,
+}
+
+pub enum Batch {
+    Events(Vec<WatchEvent>),
+    /// The kernel dropped events: everything must be considered changed.
+    Overflow,
+}
+
+pub struct Watcher {
+    inotify: OwnedFd,
+    by_wd: DashMap<i32, NodeId>,
+    by_node: DashMap<NodeId, i32>,
+    /// Name changes this session made itself and whose events it will see: (dir, name, kind)
+    /// -> (count, when). Creates and deletes of one name alternate, and moves carry cookies,
+    /// so inotify never merges two of them: matching them one for one is exact.
+    expected: DashMap<(NodeId, Vec<u8>, NameChange), (u32, Instant)>,
+    failed: AtomicUsize,
+}
+
+impl Watcher {
+    pub fn new() -> io::Result<Watcher> {
+        // SAFETY: inotify_init1 has no memory-safety preconditions.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Watcher {
+            // SAFETY: a fresh descriptor we own.
+            inotify: unsafe { OwnedFd::from_raw_fd(fd) },
+            by_wd: DashMap::new(),
+            by_node: DashMap::new(),
+            expected: DashMap::new(),
+            failed: AtomicUsize::new(0),
+        })
+    }
+
+    /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
+    /// refuses (watch limit reached): that directory falls back to revalidation.
+    pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
+        let path =
+            std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        // SAFETY: valid C string; the watch follows the magic link to the directory itself.
+        let wd = unsafe { libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), MASK) };
+        if wd < 0 {
+            let err = io::Error::last_os_error();
+            if self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                let hint = if err.raw_os_error() == Some(libc::ENOSPC) {
+                    " (the inotify watch limit is reached: raise fs.inotify.max_user_watches)"
+                } else {
+                    ""
+                };
+                tracing::warn!(
+                    "cannot watch a directory: {err}{hint}; directories without a watch fall \
+                     back to revalidation with the mount's --attr-timeout"
+                );
+            }
+            return false;
+        }
+        self.by_wd.insert(wd, node);
+        self.by_node.insert(node, wd);
+        true
+    }
+
+    pub fn unwatch(&self, node: NodeId) {
+        if let Some((_, wd)) = self.by_node.remove(&node) {
+            self.by_wd.remove(&wd);
+            // SAFETY: removing a watch descriptor of our own inotify instance.
+            unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
+        }
+    }
+
+    /// Directories the kernel refused to watch so far.
+    pub fn unwatched(&self) -> usize {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    pub fn watching(&self) -> usize {
+        self.by_wd.len()
+    }
+
+    /// Records that this session is about to make `change` to `name` in `dir`.
+    pub fn expect(&self, dir: NodeId, name: &[u8], change: NameChange) {
+        let mut e = self
+            .expected
+            .entry((dir, name.to_vec(), change))
+            .or_insert((0, Instant::now()));
+        e.0 += 1;
+        e.1 = Instant::now();
+    }
+
+    /// Withdraws an expectation whose change did not happen (the operation failed).
+    pub fn unexpect(&self, dir: NodeId, name: &[u8], change: NameChange) {
+        let key = (dir, name.to_vec(), change);
+        self.expected.remove_if_mut(&key, |_, v| {
+            v.0 -= 1;
+            v.0 == 0
+        });
+    }
+
+    /// True (and consumed) when the event is the echo of this session's own change.
+    pub fn is_own(&self, dir: NodeId, name: &[u8], change: NameChange) -> bool {
+        let key = (dir, name.to_vec(), change);
+        let mut own = false;
+        self.expected.remove_if_mut(&key, |_, v| {
+            own = v.1.elapsed() < EXPECTATION_TTL;
+            v.0 -= 1;
+            v.0 == 0 || !own
+        });
+        own
+    }
+
+    fn forget_expectations(&self) {
+        self.expected.clear();
+    }
+
+    /// Waits up to `timeout` for events and returns all that are queued.
+    pub fn read(&self, timeout: Duration) -> io::Result<Batch> {
+        let mut pfd = libc::pollfd {
+            fd: self.inotify.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        if n <= 0 {
+            return Ok(Batch::Events(Vec::new()));
+        }
+        let mut events = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: buf is writable for its length.
+            let len = unsafe {
+                libc::read(
+                    self.inotify.as_fd().as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if len <= 0 {
+                break;
+            }
+            let mut pos = 0usize;
+            while pos + 16 <= len as usize {
+                // struct inotify_event: i32 wd, u32 mask, u32 cookie, u32 len, name[len].
+                let wd = i32::from_ne_bytes(buf[pos..pos + 4].try_into().unwrap());
+                let mask = u32::from_ne_bytes(buf[pos + 4..pos + 8].try_into().unwrap());
+                let nlen = u32::from_ne_bytes(buf[pos + 12..pos + 16].try_into().unwrap()) as usize;
+                let raw = &buf[pos + 16..pos + 16 + nlen];
+                let name = raw
+                    .iter()
+                    .position(|&b| b == 0)
+                    .map(|end| raw[..end].to_vec());
+                pos += 16 + nlen;
+                if mask & libc::IN_Q_OVERFLOW != 0 {
+                    self.forget_expectations();
+                    return Ok(Batch::Overflow);
+                }
+                if mask & libc::IN_IGNORED != 0 {
+                    if let Some((_, node)) = self.by_wd.remove(&wd) {
+                        self.by_node.remove(&node);
+                    }
+                    continue;
+                }
+                if let Some(dir) = self.by_wd.get(&wd).map(|n| *n) {
+                    events.push(WatchEvent {
+                        dir,
+                        mask,
+                        name: name.filter(|n| !n.is_empty()),
+                    });
+                }
+            }
+        }
+        Ok(Batch::Events(events))
+    }
+}
+
+/// The name change an event reports, if it is one.
+pub fn name_change(mask: u32) -> Option<NameChange> {
+    if mask & libc::IN_CREATE != 0 {
+        Some(NameChange::Created)
+    } else if mask & libc::IN_DELETE != 0 {
+        Some(NameChange::Deleted)
+    } else if mask & libc::IN_MOVED_FROM != 0 {
+        Some(NameChange::MovedFrom)
+    } else if mask & libc::IN_MOVED_TO != 0 {
+        Some(NameChange::MovedTo)
+    } else {
+        None
+    }
+}
