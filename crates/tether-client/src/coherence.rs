@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +43,8 @@ pub struct Coherence {
     invalidated: DashMap<NodeId, u64>,
     /// Nodes whose entries the server marked as watched.
     watched: DashMap<NodeId, ()>,
+    /// Nodes the server could not watch (they fall back to the mount's timeout).
+    unwatched: DashMap<NodeId, ()>,
     queue: Mutex<Sender<Vec<Invalidation>>>,
     pending: Mutex<Option<Receiver<Vec<Invalidation>>>>,
     pub counters: Counters,
@@ -55,6 +58,7 @@ impl Coherence {
             last_push: AtomicU64::new(0),
             invalidated: DashMap::new(),
             watched: DashMap::new(),
+            unwatched: DashMap::new(),
             queue: Mutex::new(tx),
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
@@ -92,21 +96,32 @@ impl Coherence {
     pub fn set_watched(&self, node: NodeId, watched: bool) {
         if watched {
             self.watched.insert(node, ());
+            self.unwatched.remove(&node);
         } else {
             self.watched.remove(&node);
+            if self.enabled()
+                && self.unwatched.insert(node, ()).is_none()
+                && self.unwatched.len() == 1
+            {
+                tracing::warn!(
+                    "the server cannot watch part of the tree: those files are revalidated with \
+                     the mount's --attr-timeout instead (see `tether status`)"
+                );
+            }
         }
     }
 
     pub fn forget(&self, node: NodeId) {
         if node != ROOT_NODE {
             self.watched.remove(&node);
+            self.unwatched.remove(&node);
             self.invalidated.remove(&node);
         }
     }
 
-    /// Directories and files the server does not watch (they fall back to revalidation).
-    pub fn watched_count(&self) -> usize {
-        self.watched.len()
+    /// Nodes cached until revoked, and nodes that fall back to revalidation.
+    pub fn watch_counts(&self) -> (usize, usize) {
+        (self.watched.len(), self.unwatched.len())
     }
 
     /// Called on the RPC reader thread for every push frame, in stream order.
@@ -188,5 +203,74 @@ impl Coherence {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_proto::{invalidate_frame, FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
+
+    fn push(co: &Coherence, seq: u64, items: &[Invalidation]) {
+        let frame = invalidate_frame(seq, items);
+        let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap(), MAX_FRAME_LEN)
+            .unwrap();
+        co.on_push(h, Bytes::copy_from_slice(&frame[FRAME_HEADER_LEN..]));
+    }
+
+    #[test]
+    fn a_reply_to_a_request_sent_before_an_invalidation_is_not_cached() {
+        let co = Coherence::new();
+        co.enable();
+        co.set_watched(7, true);
+        co.set_watched(8, true);
+        let sent_before = co.now();
+        push(
+            &co,
+            1,
+            &[
+                Invalidation::Inode(7),
+                Invalidation::Entry {
+                    parent: 8,
+                    name: Bytes::from_static(b"x"),
+                },
+            ],
+        );
+        // Sent before the push: replies about 7 (or entries in 8) may predate the change.
+        assert!(!co.fresh(7, sent_before));
+        assert!(!co.cacheable(8, sent_before));
+        // Sent after the push arrived: the server answered after seeing the change.
+        let sent_after = co.now();
+        assert_eq!(sent_after, 1);
+        assert!(co.cacheable(7, sent_after));
+        assert!(co.cacheable(8, sent_after));
+        // Nodes not named by the push stay cacheable either way.
+        co.set_watched(9, true);
+        assert!(co.cacheable(9, sent_before));
+    }
+
+    #[test]
+    fn unwatched_nodes_and_disabled_coherence_are_never_cached_indefinitely() {
+        let co = Coherence::new();
+        co.set_watched(5, true);
+        assert!(!co.cacheable(5, 0), "coherence not negotiated");
+        co.enable();
+        co.set_watched(5, false);
+        assert!(!co.cacheable(5, 0));
+        assert_eq!(co.watch_counts(), (1, 1), "root watched, node 5 not");
+        co.forget(5);
+        assert_eq!(co.watch_counts(), (1, 0));
+    }
+
+    #[test]
+    fn overflow_invalidates_everything_known() {
+        let co = Coherence::new();
+        co.enable();
+        co.set_watched(3, true);
+        let sent = co.now();
+        push(&co, 4, &[Invalidation::All]);
+        assert!(!co.fresh(3, sent));
+        assert!(!co.fresh(ROOT_NODE, sent));
+        assert_eq!(co.counters.pushes.load(Ordering::Relaxed), 1);
     }
 }

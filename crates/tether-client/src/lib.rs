@@ -5,6 +5,7 @@ pub mod coherence;
 pub mod fuse_fs;
 pub mod mount;
 pub mod rpc;
+pub mod status;
 
 pub use coherence::Coherence;
 pub use fuse_fs::{CachePolicy, TetherFs};

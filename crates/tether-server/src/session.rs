@@ -202,7 +202,7 @@ fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
             continue;
         }
         seq += 1;
-        tracing::debug!(seq, items = items.len(), "pushing invalidations");
+        tracing::debug!(seq, ?items, "pushing invalidations");
         let frame = tether_proto::invalidate_frame(seq, &items);
         if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
             return;

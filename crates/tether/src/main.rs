@@ -61,6 +61,8 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// Report on a mount: connection, caching mode (and any fallback), counters.
+    Status { mountpoint: PathBuf },
     /// Unmount a Tether mount (also one whose client died).
     Unmount {
         mountpoint: PathBuf,
@@ -187,6 +189,14 @@ fn run(cmd: Command) -> Result<()> {
                 threads,
                 read_only,
             };
+            let _status = tether_client::status::StatusServer::start(
+                &mountpoint,
+                conn.clone(),
+                co.clone(),
+                ttl,
+            )
+            .map_err(|e| tracing::warn!("no status socket: {e}"))
+            .ok();
             let mut mounted = Mounted::new(conn, co, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
             let mut unmounter = mounted.unmounter();
@@ -205,6 +215,10 @@ fn run(cmd: Command) -> Result<()> {
             eprintln!("tether: mounted {addr} on {}", mountpoint.display());
             mounted.run()?;
             eprintln!("tether: unmounted {}", mountpoint.display());
+            Ok(())
+        }
+        Command::Status { mountpoint } => {
+            print!("{}", tether_client::status::query(&mountpoint)?);
             Ok(())
         }
         Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy)

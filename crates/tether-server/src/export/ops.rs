@@ -305,19 +305,16 @@ impl ExportFs {
                         continue;
                     };
                     if let Some(child) = self.nodes.find(st.st_dev, st.st_ino) {
-                        if self.changed_since_sync(&child, &st) {
+                        if self.changed_since_sync(&child) {
                             push(Invalidation::Inode(child.id), &mut out);
                         }
                     }
                 }
                 (None, _) => {
                     // The directory itself: its attributes, or it was deleted or moved.
-                    let gone = ev.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0;
-                    let changed = match sys::fstat(dir_fd.as_fd()) {
-                        Ok(st) => self.changed_since_sync(&dir, &st),
-                        Err(_) => true,
-                    };
-                    if gone || changed {
+                    // A deletion or move also shows in the parent's watch, which invalidates
+                    // the name; here only the directory's own attributes matter.
+                    if self.changed_since_sync(&dir) {
                         push(Invalidation::Inode(ev.dir), &mut out);
                     }
                 }
@@ -326,25 +323,29 @@ impl ExportFs {
         out
     }
 
-    /// Whether the host state `st` of `node` differs from what the client is coherent with;
-    /// if so, the client is about to be told, so it becomes the new coherent state.
-    fn changed_since_sync(&self, node: &Node, st: &libc::stat) -> bool {
+    /// Whether the host state of `node` differs from what the client is coherent with; if
+    /// so, the client is about to be told, so that state becomes the coherent one. The state
+    /// is read under the node's lock, so it cannot interleave with an own change.
+    fn changed_since_sync(&self, node: &Arc<Node>) -> bool {
         let mut synced = node.synced_ctime.lock().unwrap();
+        let Ok(fd) = self.nodes.fd(node) else {
+            return true;
+        };
+        let Ok(st) = sys::fstat(fd.as_fd()) else {
+            return true;
+        };
         let now = (st.st_ctime, st.st_ctime_nsec);
         if *synced == now {
             return false;
         }
+        tracing::trace!(
+            node = node.id,
+            ?synced,
+            ?now,
+            "changed behind the client's back"
+        );
         *synced = now;
         true
-    }
-
-    /// Every node and entry the client holds, for a lost watch queue.
-    pub fn everything(&self) -> Vec<Invalidation> {
-        self.nodes
-            .all_ids()
-            .into_iter()
-            .map(Invalidation::Inode)
-            .collect()
     }
 
     /// Runs a creating syscall as the guest's caller, so the new file is theirs.

@@ -1,0 +1,121 @@
+//! `tether status MOUNTPOINT`: the mount process answers on a Unix socket named after its
+//! mount point with a short report (connection, caching mode, counters).
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::coherence::Coherence;
+use crate::rpc::Connection;
+
+/// Where the status socket of `mountpoint` lives.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    // FNV-1a: short, stable, and socket paths are limited to 108 bytes.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in canonical.as_os_str().as_encoded_bytes() {
+        h = (h ^ *b as u64).wrapping_mul(0x100000001b3);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let dir = if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/run/tether")
+    } else {
+        std::env::temp_dir().join(format!("tether-{}", unsafe { libc::geteuid() }))
+    };
+    dir.join(format!("mount-{h:016x}.sock"))
+}
+
+/// Serves status reports for `mountpoint` until the process exits; removes the socket on drop.
+pub struct StatusServer {
+    path: PathBuf,
+}
+
+impl StatusServer {
+    pub fn start(
+        mountpoint: &Path,
+        conn: Arc<Connection>,
+        co: Arc<Coherence>,
+        fallback: Duration,
+    ) -> io::Result<StatusServer> {
+        let path = socket_path(mountpoint);
+        let dir = path.parent().expect("has a parent");
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        let mp = mountpoint.display().to_string();
+        std::thread::Builder::new()
+            .name("tether-status".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let _ = answer(stream, &mp, &conn, &co, fallback);
+                }
+            })?;
+        Ok(StatusServer { path })
+    }
+}
+
+impl Drop for StatusServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn answer(
+    mut s: UnixStream,
+    mp: &str,
+    conn: &Connection,
+    co: &Coherence,
+    fallback: Duration,
+) -> io::Result<()> {
+    let (watched, unwatched) = co.watch_counts();
+    let caching = if co.enabled() {
+        if unwatched == 0 {
+            format!(
+                "pushed invalidation: {watched} watched nodes cached until the host revokes them"
+            )
+        } else {
+            format!(
+                "pushed invalidation, partly: {watched} watched nodes cached until revoked; \
+                 {unwatched} unwatched nodes fall back to {:.1} s revalidation",
+                fallback.as_secs_f64()
+            )
+        }
+    } else {
+        format!(
+            "revalidation only (no pushed invalidation): attributes and names cached {:.1} s, \
+             file data re-read at every open",
+            fallback.as_secs_f64()
+        )
+    };
+    let report = format!(
+        "mount: {mp}\nserver: {}\nconnection: {}\ncaching: {caching}\nunwatched nodes: {unwatched}\n\
+         pushes received: {}\ninvalidations applied: {}\n",
+        conn.peer,
+        if conn.is_closed() { "lost" } else { "up" },
+        co.counters.pushes.load(Ordering::Relaxed),
+        co.counters.invalidations.load(Ordering::Relaxed),
+    );
+    s.write_all(report.as_bytes())
+}
+
+/// Asks the mount process of `mountpoint` for its report.
+pub fn query(mountpoint: &Path) -> io::Result<String> {
+    let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{} is not served by a running `tether mount` ({e})",
+                mountpoint.display()
+            ),
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}

@@ -1,0 +1,272 @@
+//! Host-side changes (and changes through a second mount) must show through a mount whose
+//! caches would otherwise live for an hour: only a pushed invalidation can make them visible
+//! within the deadline, so each of these fails if invalidation breaks.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Mount, TestMount, TETHER};
+
+/// Far longer than any deadline below: without invalidation nothing would change in time.
+const NO_TIMEOUT: &[&str] = &["--attr-timeout", "3600"];
+const DEADLINE: Duration = Duration::from_secs(1);
+
+fn visible(what: &str, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if check() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{what}: not visible through the mount within {DEADLINE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn read(p: &Path) -> Option<Vec<u8>> {
+    fs::read(p).ok()
+}
+
+/// Each kind of host change, applied after the guest has cached the old state.
+#[test]
+fn every_kind_of_host_change_is_seen_promptly() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let (h, g) = (&t.export, &t.mnt);
+    fs::write(h.join("same"), b"aaaa").unwrap();
+    fs::write(h.join("grow"), b"abc").unwrap();
+    fs::write(h.join("shrink"), b"abcdef").unwrap();
+    fs::write(h.join("mode"), b"m").unwrap();
+    fs::write(h.join("times"), b"t").unwrap();
+    fs::write(h.join("doomed"), b"d").unwrap();
+    fs::write(h.join("from"), b"moving").unwrap();
+    fs::create_dir(h.join("sub")).unwrap();
+    fs::create_dir(h.join("olddir")).unwrap();
+
+    // Prime every cache the guest has: data, attributes, names, missing names, listings.
+    for name in ["same", "grow", "shrink", "mode", "times", "doomed", "from"] {
+        read(&g.join(name)).unwrap();
+        fs::metadata(g.join(name)).unwrap();
+    }
+    assert!(fs::metadata(g.join("born")).is_err());
+    assert!(fs::metadata(g.join("sub/newdir")).is_err());
+    assert!(fs::metadata(g.join("to")).is_err());
+    let _ = (
+        listing(g),
+        listing(&g.join("sub")),
+        listing(&g.join("olddir")),
+    );
+
+    fs::write(h.join("same"), b"bbbb").unwrap();
+    visible("rewrite, same length", || {
+        read(&g.join("same")).as_deref() == Some(b"bbbb")
+    });
+
+    fs::OpenOptions::new()
+        .append(true)
+        .open(h.join("grow"))
+        .unwrap()
+        .write_all_ok(b"def");
+    visible("append", || {
+        read(&g.join("grow")).as_deref() == Some(b"abcdef")
+            && fs::metadata(g.join("grow")).unwrap().len() == 6
+    });
+
+    fs::OpenOptions::new()
+        .write(true)
+        .open(h.join("shrink"))
+        .unwrap()
+        .set_len(2)
+        .unwrap();
+    visible("truncate", || {
+        fs::metadata(g.join("shrink")).unwrap().len() == 2
+            && read(&g.join("shrink")).as_deref() == Some(b"ab")
+    });
+
+    fs::set_permissions(h.join("mode"), fs::Permissions::from_mode(0o600)).unwrap();
+    visible("chmod", || {
+        fs::metadata(g.join("mode")).unwrap().mode() & 0o777 == 0o600
+    });
+
+    let status = Command::new("touch")
+        .args(["-m", "-d", "@1000000000"])
+        .arg(h.join("times"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    visible("utimes", || {
+        fs::metadata(g.join("times")).unwrap().mtime() == 1_000_000_000
+    });
+
+    fs::write(h.join("born"), b"new").unwrap();
+    visible("create", || {
+        read(&g.join("born")).as_deref() == Some(b"new") && listing(g).contains(&"born".to_string())
+    });
+
+    fs::remove_file(h.join("doomed")).unwrap();
+    visible("delete", || {
+        fs::metadata(g.join("doomed")).is_err() && !listing(g).contains(&"doomed".to_string())
+    });
+
+    fs::rename(h.join("from"), h.join("to")).unwrap();
+    visible("rename", || {
+        fs::metadata(g.join("from")).is_err() && read(&g.join("to")).as_deref() == Some(b"moving")
+    });
+
+    fs::create_dir(h.join("sub/newdir")).unwrap();
+    fs::write(h.join("sub/newdir/inside"), b"i").unwrap();
+    visible("mkdir", || {
+        listing(&g.join("sub")) == ["newdir"]
+            && read(&g.join("sub/newdir/inside")).as_deref() == Some(b"i")
+    });
+
+    fs::remove_dir(h.join("olddir")).unwrap();
+    visible("rmdir", || {
+        fs::metadata(g.join("olddir")).is_err() && !listing(g).contains(&"olddir".to_string())
+    });
+}
+
+trait WriteAllOk {
+    fn write_all_ok(self, data: &[u8]);
+}
+
+impl WriteAllOk for fs::File {
+    fn write_all_ok(mut self, data: &[u8]) {
+        std::io::Write::write_all(&mut self, data).unwrap();
+    }
+}
+
+#[test]
+fn changes_through_a_second_mount_are_seen_promptly() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let other = t.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+    let _second = Mount::start(&address, &other, NO_TIMEOUT);
+    let (a, b) = (&t.mnt, &other);
+
+    fs::write(b.join("f"), b"one").unwrap();
+    visible("create through the other mount", || {
+        read(&a.join("f")).as_deref() == Some(b"one")
+    });
+    fs::write(b.join("f"), b"two").unwrap();
+    visible("rewrite through the other mount", || {
+        read(&a.join("f")).as_deref() == Some(b"two")
+    });
+    fs::create_dir(b.join("d")).unwrap();
+    visible("mkdir through the other mount", || listing(a) == ["d", "f"]);
+    fs::remove_file(b.join("f")).unwrap();
+    visible("delete through the other mount", || {
+        fs::metadata(a.join("f")).is_err()
+    });
+    // And the other way round.
+    fs::write(a.join("back"), b"x").unwrap();
+    visible("create seen by the first mount's writer's peer", || {
+        read(&b.join("back")).as_deref() == Some(b"x")
+    });
+}
+
+fn status(mnt: &Path) -> String {
+    let out = Command::new(TETHER)
+        .arg("status")
+        .arg(mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn counter(report: &str, key: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+        .unwrap_or_else(|| panic!("no {key:?} in status:\n{report}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_guests_own_changes_are_not_echoed_back() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let g = &t.mnt;
+    let before = status(g);
+    assert!(before.contains("caching: pushed invalidation"), "{before}");
+    assert_eq!(counter(&before, "unwatched nodes"), 0);
+
+    // A build's worth of the guest's own changes.
+    fs::create_dir(g.join("obj")).unwrap();
+    for i in 0..20 {
+        let p = g.join(format!("obj/{i}.o"));
+        fs::write(&p, vec![i as u8; 5000]).unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all_ok(b"more");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::rename(g.join("obj/0.o"), g.join("obj/renamed.o")).unwrap();
+    fs::remove_file(g.join("obj/1.o")).unwrap();
+    fs::hard_link(g.join("obj/2.o"), g.join("obj/link.o")).unwrap();
+    std::os::unix::fs::symlink("2.o", g.join("obj/sym")).unwrap();
+    fs::create_dir(g.join("obj/sub")).unwrap();
+    fs::remove_dir(g.join("obj/sub")).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = status(g);
+    assert_eq!(
+        counter(&after, "pushes received"),
+        counter(&before, "pushes received"),
+        "own changes came back as invalidations:\n{after}"
+    );
+
+    // The counter is real: a host change does arrive.
+    fs::write(t.export.join("obj/3.o"), b"host").unwrap();
+    visible("host change after own changes", || {
+        read(&g.join("obj/3.o")).as_deref() == Some(b"host")
+    });
+    assert!(counter(&status(g), "pushes received") > counter(&after, "pushes received"));
+}
+
+#[test]
+fn without_push_the_mount_says_so_and_still_sees_changes_after_its_timeout() {
+    require_mount!();
+    let t = TestMount::start_with(&[], &["--no-push", "--attr-timeout", "0.2"]);
+    let report = status(&t.mnt);
+    assert!(report.contains("revalidation only"), "{report}");
+    fs::write(t.export.join("f"), b"1").unwrap();
+    assert_eq!(read(&t.mnt.join("f")).as_deref(), Some(&b"1"[..]));
+    fs::write(t.export.join("f"), b"2").unwrap();
+    let start = Instant::now();
+    while read(&t.mnt.join("f")).as_deref() != Some(b"2") {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "fallback revalidation never saw the change"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
