@@ -1,5 +1,7 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
+mod bench;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::thread;
@@ -70,6 +72,10 @@ enum Command {
         #[arg(long)]
         lazy: bool,
     },
+    /// Time the workloads users judge a shared folder by, in DIR and each --vs directory.
+    Bench(bench::BenchArgs),
+    /// Measure how long host-side changes take to become visible through a mount.
+    Latency(bench::LatencyArgs),
 }
 
 fn main() -> ExitCode {
@@ -223,5 +229,7 @@ fn run(cmd: Command) -> Result<()> {
         }
         Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy)
             .with_context(|| format!("cannot unmount {}", mountpoint.display())),
+        Command::Bench(args) => bench::run_bench(args),
+        Command::Latency(args) => bench::run_latency(args),
     }
 }

@@ -1,0 +1,78 @@
+//! `tether bench` (the workloads users judge a shared folder by, run side by side in several
+//! directories) and `tether latency` (how long a host-side change takes to show through a
+//! mount).
+//!
+//! - `workloads`: what each workload sets up, times and checks; the generated content.
+//! - `runner`: directory checks, the interleaved runs, progress, cleanup on interrupt.
+//! - `report`: the result model, the text table, JSON and the SVG chart.
+//! - `latency`: the coherence latency benchmark.
+//! - `sys`: signals, child processes, caches, machine facts, the seeded generator.
+
+mod latency;
+mod report;
+mod runner;
+mod sys;
+mod workloads;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+/// `tether bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// The directory to measure (usually a Tether mount). It must be empty: the bench works
+    /// in its own `.tether-bench-*` subdirectory and removes it at the end.
+    pub dir: PathBuf,
+    /// Another directory to run the same workloads in, interleaved with DIR (repeatable).
+    /// Ratios are relative to the first one, usually the native directory.
+    #[arg(long = "vs", value_name = "DIR2")]
+    pub vs: Vec<PathBuf>,
+    /// About a tenth of the full sizes, for a smoke test.
+    #[arg(long)]
+    pub quick: bool,
+    /// Runs of every workload in every directory; the table shows medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also draw the results as an SVG bar chart in FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Run even if a directory already contains files.
+    #[arg(long)]
+    pub allow_nonempty: bool,
+    /// Only these workloads (comma-separated names; see the table for the list).
+    #[arg(long, value_delimiter = ',', value_name = "W1,W2")]
+    pub only: Vec<String>,
+}
+
+/// `tether latency`.
+#[derive(Args, Debug)]
+pub struct LatencyArgs {
+    /// The directory as the host sees it (changes are made here).
+    #[arg(long, value_name = "HOSTDIR")]
+    pub host: PathBuf,
+    /// The same directory seen through a mount (polled until each change shows).
+    #[arg(long, value_name = "MOUNTDIR")]
+    pub mount: PathBuf,
+    /// Number of changes, cycling through the kinds of change.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub trials: u32,
+    /// Seconds to wait for one change to become visible.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run_bench(args: BenchArgs) -> Result<()> {
+    runner::run(args)
+}
+
+pub fn run_latency(args: LatencyArgs) -> Result<()> {
+    latency::run(args)
+}
