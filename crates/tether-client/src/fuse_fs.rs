@@ -315,10 +315,11 @@ impl TetherFs {
 
 impl Filesystem for TetherFs {
     fn init(&mut self, _req: &FuseRequest, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Not FUSE_ATOMIC_O_TRUNC: in no-open mode there is no OPEN to carry O_TRUNC, so the
+        // kernel must truncate with SETATTR itself.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_BIG_WRITES;
         let supported = wanted & config.capabilities();
@@ -544,6 +545,14 @@ impl Filesystem for TetherFs {
     }
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.co.enabled() {
+            // "No open" mode: ENOSYS makes the kernel stop sending OPEN and RELEASE for
+            // files, keep their pages (KEEP_CACHE by default) and address I/O by node. A
+            // cached open+read+close then never leaves the guest; the server's pushes
+            // revoke pages that went stale.
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         self.open_call(
             req,
             ino.0,
@@ -611,15 +620,10 @@ impl Filesystem for TetherFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.empty_call(
-            req,
-            Request::Flush {
-                node: ino.0,
-                fh: fh.0,
-                lock_owner: lock_owner.0,
-            },
-            reply,
-        );
+        // Writes are synchronous (no writeback cache), so close() has nothing to flush and
+        // no error to report: ENOSYS stops the kernel sending FLUSH on every close().
+        let _ = (req, ino, fh, lock_owner);
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -662,6 +666,11 @@ impl Filesystem for TetherFs {
     }
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.co.enabled() {
+            // As for files: listings are cached (CACHE_DIR by default) and revoked by push.
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         self.open_call(
             req,
             ino.0,

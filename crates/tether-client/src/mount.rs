@@ -56,6 +56,9 @@ impl Mounted {
             // The kernel checks permissions against the attributes, as a local file system.
             MountOption::DefaultPermissions,
             MountOption::NoDev,
+            // atime is not kept coherent, and a relatime update after every read would make
+            // the next stat go to the server.
+            MountOption::NoAtime,
         ];
         if opts.read_only || conn.hello.read_only {
             options.push(MountOption::RO);

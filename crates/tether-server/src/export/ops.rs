@@ -373,6 +373,19 @@ impl ExportFs {
         }
     }
 
+    /// The open file for I/O on `node`: the handle `fh`, or, for I/O addressed by node
+    /// (`fh` 0, the client's no-open mode), the node reopened with `flags` for this request.
+    fn file_for(&self, node: NodeId, fh: HandleId, flags: i32) -> SysResult<Arc<Handle>> {
+        if fh != 0 {
+            return self.file(fh);
+        }
+        let (n, fd) = self.node_fd(node)?;
+        if n.is_dir() {
+            return Err(WireErrno::EISDIR);
+        }
+        Ok(Arc::new(Handle::File(self.reopen(&fd, flags)?)))
+    }
+
     fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
         if self.handles.len() >= MAX_HANDLES {
             return Err(WireErrno::EMFILE);
@@ -415,12 +428,7 @@ impl ExportFs {
         offset: u64,
         buf: &mut [u8],
     ) -> SysResult<usize> {
-        if fh == 0 {
-            let (_, fd) = self.node_fd(node)?;
-            let f = self.reopen(&fd, libc::O_RDONLY)?;
-            return sys::pread(f.as_fd(), buf, offset);
-        }
-        let h = self.file(fh)?;
+        let h = self.file_for(node, fh, libc::O_RDONLY)?;
         let Handle::File(f) = &*h else { unreachable!() };
         sys::pread(f.as_fd(), buf, offset)
     }
@@ -650,15 +658,11 @@ impl ExportFs {
                 offset,
                 data,
             } => {
-                let (n, fd) = self.node_fd(node)?;
-                let written = if fh == 0 {
-                    let f = self.reopen(&fd, libc::O_WRONLY)?;
-                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?
-                } else {
-                    let h = self.file(fh)?;
-                    let Handle::File(f) = &*h else { unreachable!() };
-                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?
-                };
+                let n = self.nodes.get(node)?;
+                let h = self.file_for(node, fh, libc::O_WRONLY)?;
+                let Handle::File(f) = &*h else { unreachable!() };
+                let written =
+                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?;
                 Ok(Reply::Written {
                     size: written as u64,
                 })
@@ -681,12 +685,14 @@ impl ExportFs {
                 self.handles.remove(&fh);
                 Ok(Reply::Empty)
             }
-            Flush { fh, .. } => {
-                self.handle(fh)?;
-                Ok(Reply::Empty)
-            }
-            Fsync { fh, datasync, .. } | Fsyncdir { fh, datasync, .. } => {
-                let h = self.handle(fh)?;
+            Flush { .. } => Ok(Reply::Empty),
+            Fsync { node, fh, datasync } | Fsyncdir { node, fh, datasync } => {
+                let h = if fh != 0 {
+                    self.handle(fh)?
+                } else {
+                    let (_, fd) = self.node_fd(node)?;
+                    Arc::new(Handle::File(self.reopen(&fd, libc::O_RDONLY)?))
+                };
                 match &*h {
                     Handle::File(f) => sys::fsync(f.as_fd(), datasync)?,
                     Handle::Dir(d) => sys::fsync(d.lock().unwrap().as_fd(), datasync)?,
@@ -766,7 +772,7 @@ impl ExportFs {
                 length,
                 mode,
             } => {
-                let h = self.file(fh)?;
+                let h = self.file_for(node, fh, libc::O_WRONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
                 let n = self.nodes.get(node)?;
                 self.own_change(&n, f.as_fd(), || {
@@ -775,14 +781,18 @@ impl ExportFs {
                 Ok(Reply::Empty)
             }
             Lseek {
-                fh, offset, whence, ..
+                node,
+                fh,
+                offset,
+                whence,
             } => {
-                let h = self.file(fh)?;
+                let h = self.file_for(node, fh, libc::O_RDONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
                 let off = sys::lseek(f.as_fd(), offset, whence as i32)?;
                 Ok(Reply::Lseek { offset: off })
             }
             CopyFileRange {
+                node_in,
                 fh_in,
                 offset_in,
                 node_out,
@@ -790,13 +800,12 @@ impl ExportFs {
                 offset_out,
                 len,
                 flags,
-                ..
             } => {
                 if flags != 0 {
                     return Err(WireErrno::EINVAL);
                 }
-                let hi = self.file(fh_in)?;
-                let ho = self.file(fh_out)?;
+                let hi = self.file_for(node_in, fh_in, libc::O_RDONLY)?;
+                let ho = self.file_for(node_out, fh_out, libc::O_WRONLY)?;
                 let (Handle::File(fi), Handle::File(fo)) = (&*hi, &*ho) else {
                     unreachable!()
                 };
@@ -910,7 +919,15 @@ impl ExportFs {
         size: u32,
         plus: bool,
     ) -> SysResult<Reply> {
-        let h = self.handle(fh)?;
+        let h = if fh != 0 {
+            self.handle(fh)?
+        } else {
+            // Listing addressed by node (no-opendir mode): a stream just for this request;
+            // offsets are the file system's cookies, valid across streams.
+            let fd = self.dir_fd(node)?;
+            let d = sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+            Arc::new(Handle::Dir(Mutex::new(d)))
+        };
         let Handle::Dir(dir) = &*h else {
             return Err(WireErrno::ENOTDIR);
         };
