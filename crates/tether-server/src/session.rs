@@ -8,7 +8,6 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
-use crossbeam_channel::{bounded, Receiver};
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
@@ -146,46 +145,36 @@ pub fn run_session(
             .spawn(move || push_changes(&fs, &writer, &stop))
             .expect("spawn watcher")
     });
-    let (tx, rx) = bounded::<(FrameHeader, Bytes)>(limits.max_in_flight);
+    // Leader/follower: the worker that reads a frame also executes it, so a request wakes
+    // one thread, not a reader and then a worker. While it works, the next idle worker
+    // takes the reader. With every worker busy nobody reads, which back-pressures the client.
+    let reader = Arc::new(Mutex::new(reader));
     let workers: Vec<_> = (0..limits.workers)
         .map(|i| {
-            let (fs, rx, writer, closer) = (fs.clone(), rx.clone(), writer.clone(), closer.clone());
+            let (fs, reader, writer, closer) =
+                (fs.clone(), reader.clone(), writer.clone(), closer.clone());
             thread::Builder::new()
                 .name(format!("tether-worker-{i}"))
                 .spawn(move || {
-                    if let Err(e) = worker(&fs, &rx, &writer) {
-                        tracing::warn!("closing session: {e}");
-                        closer.close();
-                    }
+                    let outcome = worker(&fs, &reader, &writer);
+                    // The first worker to stop ends the session for all.
+                    closer.close();
+                    outcome
                 })
                 .expect("spawn worker")
         })
         .collect();
-    drop(rx);
-
-    let outcome = loop {
-        match read_frame(&mut *reader, MAX_FRAME_LEN) {
-            Ok(Some((h, body))) => {
-                if h.kind != FrameKind::Request {
-                    break Err(SessionError::Protocol(format!(
-                        "unexpected frame kind {:?}",
-                        h.kind
-                    )));
-                }
-                if tx.send((h, body)).is_err() {
-                    break Ok(());
-                }
-            }
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e.into()),
-        }
-    };
-    drop(tx);
-    closer.close();
-    stop.store(true, Ordering::Relaxed);
+    let mut outcome = Ok(());
     for w in workers {
-        let _ = w.join();
+        let r = w.join().unwrap_or(Ok(()));
+        if outcome.is_ok() {
+            outcome = r;
+        }
     }
+    if let Err(e) = &outcome {
+        tracing::warn!("closing session: {e}");
+    }
+    stop.store(true, Ordering::Relaxed);
     if let Some(w) = watcher {
         let _ = w.join();
     }
@@ -210,21 +199,27 @@ fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
     }
 }
 
-fn worker(
-    fs: &ExportFs,
-    rx: &Receiver<(FrameHeader, Bytes)>,
-    writer: &SharedWriter,
-) -> Result<(), SessionError> {
-    for (h, body) in rx.iter() {
-        let frame = match handle_frame(fs, &h, body) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => continue,
-            Err(e) => return Err(e),
+type SharedReader = Arc<Mutex<Box<dyn std::io::Read + Send>>>;
+
+/// Reads a frame (holding the reader), executes it, writes its reply; until the stream ends.
+fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result<(), SessionError> {
+    loop {
+        let next = {
+            let mut r = reader.lock().unwrap();
+            read_frame(&mut **r, MAX_FRAME_LEN)?
         };
-        let mut w = writer.lock().unwrap();
-        write_frame(&mut **w, &frame)?;
+        let Some((h, body)) = next else { return Ok(()) };
+        if h.kind != FrameKind::Request {
+            return Err(SessionError::Protocol(format!(
+                "unexpected frame kind {:?}",
+                h.kind
+            )));
+        }
+        if let Some(frame) = handle_frame(fs, &h, body)? {
+            let mut w = writer.lock().unwrap();
+            write_frame(&mut **w, &frame)?;
+        }
     }
-    Ok(())
 }
 
 /// Executes one request frame and returns the reply frame (None for one-way requests).
