@@ -257,8 +257,9 @@ pub fn svg(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        r##"<text x="10" y="34" fill="#555">median of {} runs, {} sizes; {} CPUs, {} MiB, Linux {}</text>"##,
+        r##"<text x="10" y="34" fill="#555">median of {} run{}, {} sizes; {} CPUs, {} MiB, Linux {}</text>"##,
         r.runs,
+        if r.runs == 1 { "" } else { "s" },
         if r.quick { "quick" } else { "full" },
         r.machine.nproc,
         r.machine.memory_mib,
