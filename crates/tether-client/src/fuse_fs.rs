@@ -317,8 +317,9 @@ impl Filesystem for TetherFs {
     fn init(&mut self, _req: &FuseRequest, config: &mut KernelConfig) -> std::io::Result<()> {
         // Not FUSE_ATOMIC_O_TRUNC: in no-open mode there is no OPEN to carry O_TRUNC, so the
         // kernel must truncate with SETATTR itself.
+        // Always readdirplus (no _AUTO heuristic): a directory walk then fills the dentry
+        // and attribute caches with one trip per page of entries, not one LOOKUP per name.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_BIG_WRITES;
