@@ -302,6 +302,17 @@ impl TetherFs {
         });
     }
 
+    /// For readlink and read: bytes for the kernel.
+    fn data_call(&self, req: &FuseRequest, msg: Request, reply: ReplyData) {
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Data(d) => {
+                reply.data(&d);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
     fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
         self.call(req, msg, reply, |reply, r| match r {
             Reply::Written { size } => {
@@ -415,18 +426,7 @@ impl Filesystem for TetherFs {
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
-        self.call(
-            req,
-            Request::Readlink { node: ino.0 },
-            reply,
-            |reply, r| match r {
-                Reply::Data(d) => {
-                    reply.data(&d);
-                    Ok(())
-                }
-                _ => Err(reply),
-            },
-        );
+        self.data_call(req, Request::Readlink { node: ino.0 }, reply);
     }
 
     fn mknod(
@@ -583,13 +583,7 @@ impl Filesystem for TetherFs {
             offset,
             size,
         };
-        self.call(req, msg, reply, |reply, r| match r {
-            Reply::Data(d) => {
-                reply.data(&d);
-                Ok(())
-            }
-            _ => Err(reply),
-        });
+        self.data_call(req, msg, reply);
     }
 
     fn write(

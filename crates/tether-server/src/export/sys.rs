@@ -202,19 +202,12 @@ pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) }).map(drop)
 }
 
-pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+/// Repeats a positional read or write until `len` bytes are done, the file ends, or an
+/// error comes after some progress (then the progress is returned, as read(2) would).
+fn whole(len: usize, mut step: impl FnMut(usize) -> isize) -> SysResult<usize> {
     let mut done = 0;
-    while done < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled part of buf.
-        let n = cvt_isize(unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                buf[done..].as_mut_ptr().cast(),
-                buf.len() - done,
-                (offset + done as u64) as libc::off_t,
-            )
-        });
-        match n {
+    while done < len {
+        match cvt_isize(step(done)) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(WireErrno::EINTR) => continue,
@@ -225,27 +218,33 @@ pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize
     Ok(done)
 }
 
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+    let len = buf.len();
+    whole(len, |done| {
+        // SAFETY: the pointer and length describe the unfilled part of buf.
+        unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                len - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        }
+    })
+}
+
 pub fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize> {
-    let mut done = 0;
-    while done < buf.len() {
+    whole(buf.len(), |done| {
         // SAFETY: the pointer and length describe the unwritten part of buf.
-        let n = cvt_isize(unsafe {
+        unsafe {
             libc::pwrite(
                 fd.as_raw_fd(),
                 buf[done..].as_ptr().cast(),
                 buf.len() - done,
                 (offset + done as u64) as libc::off_t,
             )
-        });
-        match n {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(WireErrno::EINTR) => continue,
-            Err(e) if done == 0 => return Err(e),
-            Err(_) => break,
         }
-    }
-    Ok(done)
+    })
 }
 
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
