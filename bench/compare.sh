@@ -101,6 +101,12 @@ if [ ${#need[@]} -gt 0 ]; then
   [ -n "$made_policy" ] && rm -f /usr/sbin/policy-rc.d && made_policy=
 fi
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+# The same, generous open-file limit for every server and mount (a 10,000-file tree plus
+# its git objects is more than some defaults allow); recorded in the report.
+nofile_default=$(ulimit -n)
+ulimit -n "$(cat /proc/sys/fs/nr_open 2>/dev/null || echo 1048576)" 2>/dev/null \
+  || ulimit -n "$(ulimit -Hn)"
+nofile=$(ulimit -n)
 
 # 2. Build.
 say "cargo build --release -p tether"
@@ -135,6 +141,7 @@ vs=(--vs "$base/native")
 # 4. Tether over a Unix socket and over TCP loopback.
 say "tether serve + mount (unix socket, tcp loopback)"
 "$tether" serve "$base/export-unix" --listen "unix:$base/tether.sock" 2>"$logs/serve-unix.log" &
+serve_unix=$!
 pids+=($!)
 for _ in $(seq 100); do [ -S "$base/tether.sock" ] && break; sleep 0.05; done
 "$tether" mount "unix:$base/tether.sock" "$mnt/tether-unix" 2>"$logs/mount-unix.log" &
@@ -142,6 +149,7 @@ pids+=($!)
 wait_mounted "$mnt/tether-unix" || { cat "$logs"/*-unix.log >&2; echo "tether (unix) did not mount" >&2; exit 1; }
 
 "$tether" serve "$base/export-tcp" --listen tcp:127.0.0.1:0 2>"$logs/serve-tcp.log" &
+serve_tcp=$!
 pids+=($!)
 tcp_addr=
 for _ in $(seq 100); do
@@ -231,6 +239,8 @@ load_start=$(cut -d" " -f1-3 /proc/loadavg)
 bench_rc=0
 run "${bench_cmd[@]}" > "$out/bench.txt" || bench_rc=$?
 cat "$out/bench.txt"
+fds() { { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l; }
+fds_after="tether-unix server: $(fds "$serve_unix"), tether-tcp server: $(fds "$serve_tcp")"
 cp "$out/bench.json" "$repo/docs/benchmarks.json" 2>/dev/null || true
 
 # 8. Coherence latency: change in the export, poll through the mount.
@@ -280,6 +290,7 @@ md=$repo/docs/benchmarks.md
   echo "- bindfs: ${bindfs_v:-not installed}"
   echo "- $(first gcc --version), $(first make --version), $(first git --version)"
   echo "- load average (1, 5, 15 min) when the bench started: $load_start; when it ended: $load_end"
+  echo "- open-file limit (\`ulimit -n\`) for every server and mount: $nofile (the shell's was $nofile_default)"
   echo
   echo "## Setups"
   echo
@@ -315,6 +326,8 @@ md=$repo/docs/benchmarks.md
   echo "\`\`\`"
   sed "s#$base#\$BASE#g" "$out/bench.txt"
   echo "\`\`\`"
+  echo
+  echo "Open descriptors held by the Tether servers after the bench: $fds_after."
   echo
   echo "## Coherence latency"
   echo

@@ -59,6 +59,8 @@ pub struct Failure {
     pub dir: String,
     pub run: u32,
     pub error: String,
+    /// Not attempted because the directory had become unusable.
+    pub skipped: bool,
 }
 
 /// Three significant digits: 12.3, 1.23, 0.123, 0.00123.
@@ -168,12 +170,27 @@ pub fn table(r: &Report) -> String {
     }
     if !r.failures.is_empty() {
         out.push_str("\n* some runs failed:\n");
-        for f in &r.failures {
+        for f in r.failures.iter().filter(|f| !f.skipped) {
             let _ = writeln!(
                 out,
                 "  run {} {} in {}: {}",
                 f.run, f.workload, f.dir, f.error
             );
+        }
+        for d in &r.dirs {
+            let skipped = r
+                .failures
+                .iter()
+                .filter(|f| f.skipped && f.dir == d.label)
+                .count();
+            if skipped > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {skipped} later step(s) in {} skipped: the directory could not even be \
+                     emptied after the failure",
+                    d.label
+                );
+            }
         }
     }
     out

@@ -154,9 +154,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if !report.failures.is_empty() {
+        let skipped = report.failures.iter().filter(|f| f.skipped).count();
         bail!(
-            "{} step(s) failed; their cells are marked in the table",
-            report.failures.len()
+            "{} step(s) failed{}; their cells are marked in the table",
+            report.failures.len() - skipped,
+            if skipped > 0 {
+                format!(" and {skipped} were skipped")
+            } else {
+                String::new()
+            }
         );
     }
     Ok(())
@@ -194,10 +200,24 @@ fn run_steps(
     };
     let width = selected.iter().map(|w| w.name.len()).max().unwrap_or(0);
     let lwidth = sites.iter().map(|s| s.label.len()).max().unwrap_or(0);
+    // A directory that cannot even be emptied after a failure (say, the mount stopped
+    // working) is left alone for the rest of the bench; the others carry on.
+    let mut broken: Vec<Option<String>> = vec![None; sites.len()];
     for run in 1..=args.runs {
         for (wi, w) in selected.iter().enumerate() {
             for (di, site) in sites.iter_mut().enumerate() {
                 ctx.intr.check()?;
+                pb.inc(1);
+                if broken[di].is_some() {
+                    failures.push(Failure {
+                        workload: w.name.clone(),
+                        dir: site.label.clone(),
+                        run,
+                        error: "skipped: the directory is unusable".into(),
+                        skipped: true,
+                    });
+                    continue;
+                }
                 pb.set_message(format!(
                     "run {run}/{}: {} in {}",
                     args.runs, w.name, site.label
@@ -226,18 +246,34 @@ fn run_steps(
                             dir: site.label.clone(),
                             run,
                             error: format!("{e:#}"),
+                            skipped: false,
                         });
                         // Start the directory afresh so later steps do not trip over a
                         // half-made setup.
-                        site.wipe()?;
+                        if let Err(e) = site.wipe() {
+                            let why = format!("{e:#}");
+                            say(format!(
+                                "{}: giving up on this directory: {why}",
+                                site.label
+                            ));
+                            broken[di] = Some(why);
+                        }
                     }
                 }
-                pb.inc(1);
             }
         }
-        for site in sites.iter_mut() {
+        for (di, site) in sites.iter_mut().enumerate() {
             ctx.intr.check()?;
-            site.wipe()?;
+            if broken[di].is_none() {
+                if let Err(e) = site.wipe() {
+                    let why = format!("{e:#}");
+                    say(format!(
+                        "{}: giving up on this directory: {why}",
+                        site.label
+                    ));
+                    broken[di] = Some(why);
+                }
+            }
         }
     }
     pb.finish_and_clear();
