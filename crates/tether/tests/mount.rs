@@ -206,6 +206,28 @@ fn a_client_that_is_not_tether_is_refused_and_the_server_keeps_serving() {
     assert_eq!(fs::read(t.export.join("still")).unwrap(), b"serving");
 }
 
+/// Descriptors of regular files opened for I/O (not the O_PATH ones nodes hold).
+fn count_open_files(pid: u32) -> usize {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            let info = fs::read_to_string(e.path()).unwrap_or_default();
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                .unwrap_or(0);
+            let target = fs::read_link(format!(
+                "/proc/{pid}/fd/{}",
+                e.file_name().to_string_lossy()
+            ));
+            flags & libc::O_PATH as u32 == 0 && target.map(|t| t.is_absolute()).unwrap_or(false)
+        })
+        .count()
+}
+
 fn count_fds(pid: u32) -> usize {
     fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
@@ -241,4 +263,26 @@ fn descriptors_stay_bounded_while_walking_a_large_tree() {
     // Renames made through the mount keep evicted nodes findable.
     fs::rename(t.mnt.join("d0"), t.mnt.join("renamed")).unwrap();
     assert_eq!(fs::read_to_string(t.mnt.join("renamed/f5")).unwrap(), "0/5");
+}
+
+#[test]
+fn creating_many_files_does_not_leak_server_handles() {
+    require_mount!();
+    // Files created through the mount get a server handle each; the kernel's RELEASE must
+    // close it, in no-open mode too, or the session runs out of descriptors.
+    let t = TestMount::start();
+    fs::create_dir(t.mnt.join("many")).unwrap();
+    fs::write(t.mnt.join("many/warmup"), b"w").unwrap();
+    let before = count_open_files(t.server.child.id());
+    for i in 0..3000 {
+        let mut f = fs::File::create(t.mnt.join(format!("many/{i}"))).unwrap();
+        f.write_all(b"data").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let after = count_open_files(t.server.child.id());
+    assert!(
+        after < before + 100,
+        "server open files grew from {before} to {after} after creating 3000 files"
+    );
+    assert_eq!(fs::read(t.export.join("many/2999")).unwrap(), b"data");
 }
