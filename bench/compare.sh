@@ -234,11 +234,24 @@ fi
 bench_cmd=("$tether" bench "$mnt/tether-unix" "${vs[@]}" "${quick[@]}" --runs "$runs"
   --json "$out/bench.json" --plot "$repo/docs/benchmarks.svg")
 say "${bench_cmd[*]}"
+# How fast this machine creates files right now (1,000 empty files in the base directory):
+# on shared virtual machines this varies over time, and it moves every create-heavy number.
+probe() {
+  local d=$base/probe t0 t1
+  mkdir "$d"
+  t0=$(date +%s%N)
+  for i in $(seq 1000); do : > "$d/p$i"; done
+  t1=$(date +%s%N)
+  rm -rf "$d"
+  echo "$(( (t1 - t0) / 1000000 )) ms"
+}
+probe_start=$(probe)
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_start=$(cut -d" " -f1-3 /proc/loadavg)
 bench_rc=0
 run "${bench_cmd[@]}" > "$out/bench.txt" || bench_rc=$?
 cat "$out/bench.txt"
+probe_end=$(probe)
 fds() { { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l; }
 fds_after="tether-unix server: $(fds "$serve_unix"), tether-tcp server: $(fds "$serve_tcp")"
 cp "$out/bench.json" "$repo/docs/benchmarks.json" 2>/dev/null || true
@@ -290,6 +303,7 @@ md=$repo/docs/benchmarks.md
   echo "- bindfs: ${bindfs_v:-not installed}"
   echo "- $(first gcc --version), $(first make --version), $(first git --version)"
   echo "- load average (1, 5, 15 min) when the bench started: $load_start; when it ended: $load_end"
+  echo "- creating 1,000 empty files in the base directory (a probe of the machine's state) took $probe_start before the bench and $probe_end after it"
   echo "- open-file limit (\`ulimit -n\`) for every server and mount: $nofile (the shell's was $nofile_default)"
   echo
   echo "## Setups"
