@@ -910,6 +910,7 @@ impl Filesystem for TetherFs {
             self.co.now(),
             parent.0,
         );
+        let (conn, who) = (self.conn.clone(), caller(req));
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
                 co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
@@ -919,11 +920,28 @@ impl Filesystem for TetherFs {
                 } else {
                     FopenFlags::empty()
                 };
+                // In no-open mode the kernel does not always send RELEASE for a file made by
+                // CREATE (not when it was created over a cached negative entry, as git's lock
+                // files are), so a handle given to it could stay open on the server for good:
+                // release it now and let the kernel do I/O on the new file by node.
+                let kernel_fh = if co.enabled() {
+                    conn.call(
+                        who,
+                        &Request::Release {
+                            node: entry.node,
+                            fh,
+                        },
+                        |_| {},
+                    );
+                    0
+                } else {
+                    fh
+                };
                 reply.created(
                     &ttl,
                     &file_attr(&entry.attr),
                     Generation(entry.generation),
-                    FileHandle(fh),
+                    FileHandle(kernel_fh),
                     keep,
                 );
                 Ok(())
