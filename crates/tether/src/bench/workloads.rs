@@ -432,7 +432,11 @@ impl Site {
             fs::remove_dir_all(&self.work)
                 .with_context(|| format!("cannot remove {}", self.work.display()))?;
         }
-        fs::create_dir(&self.work).with_context(|| format!("cannot create {}", self.work.display()))
+        fs::create_dir(&self.work)
+            .with_context(|| format!("cannot create {}", self.work.display()))?;
+        // Leave no deletion work pending for whatever is timed next.
+        sys::sync();
+        Ok(())
     }
 
     fn tree(&self) -> PathBuf {
@@ -680,6 +684,7 @@ impl Site {
                         .map(drop)
                 });
                 clear(ctx.copy_dest)?;
+                sys::sync();
                 t?
             }
             Kind::GitStatus => {
