@@ -27,6 +27,9 @@ pub struct Export {
     proc_fd: OwnedFd,
     pub read_only: bool,
     pub budget: Arc<FdBudget>,
+    /// Most open file handles one session may hold (a share of the open-file limit, so that
+    /// node descriptors and handles together stay below it).
+    pub max_handles: usize,
     /// Bumped by every mutation; attributes carry the value at the time they were read.
     seq: AtomicU64,
     /// True when the server runs as root and so can create files as the guest's caller.
@@ -66,9 +69,11 @@ impl Export {
         let cap = if opts.max_node_fds > 0 {
             opts.max_node_fds
         } else {
-            // Leave half the limit for open files, sockets and the server's own needs.
+            // Half the limit for node descriptors, a quarter for open handles, the rest for
+            // sockets, per-request reopens and the server's own needs.
             (limit / 2).clamp(64, 1 << 20)
         };
+        let max_handles = (limit / 4).clamp(16, 65_536);
         // The kernel already applied the guest's umask; ours must not apply a second one.
         // SAFETY: umask only changes this process's file creation mask.
         unsafe { libc::umask(0) };
@@ -82,6 +87,7 @@ impl Export {
             proc_fd,
             read_only: opts.read_only,
             budget: FdBudget::new(cap),
+            max_handles,
             seq: AtomicU64::new(1),
             creds_switch,
             instance,

@@ -19,8 +19,6 @@ use super::Export;
 
 /// Longest name a component may have (Linux NAME_MAX).
 const NAME_MAX: usize = 255;
-/// Most handles one session may hold open at once.
-pub const MAX_HANDLES: usize = 65_536;
 
 enum Handle {
     File(OwnedFd),
@@ -387,7 +385,7 @@ impl ExportFs {
     }
 
     fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
-        if self.handles.len() >= MAX_HANDLES {
+        if self.handles.len() >= self.export.max_handles {
             return Err(WireErrno::EMFILE);
         }
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
