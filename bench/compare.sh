@@ -112,6 +112,8 @@ nofile=$(ulimit -n)
 say "cargo build --release -p tether"
 cargo build --release -p tether --quiet
 tether=$repo/target/release/tether
+# Before this run rewrites docs/benchmarks.*, so "-dirty" means the source really differs.
+tether_v="$("$tether" --version 2>&1 | head -1) ($(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown))"
 
 # 3. The directories: one export per setup, one mount point per mount.
 base=$(mktemp -d /var/tmp/tether-compare.XXXXXX)
@@ -280,7 +282,6 @@ first() { { "$@" 2>&1 || true; } | head -1 || true; }
 sshfs_v=$(sshfs --version 2>&1 | grep -i 'sshfs version' | head -1 || true)
 ssh_v=$(first ssh -V)
 bindfs_v=$(first bindfs --version)
-tether_v="$(first "$tether" --version) ($(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown))"
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //' || true)
 md=$repo/docs/benchmarks.md

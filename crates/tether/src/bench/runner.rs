@@ -275,6 +275,8 @@ fn run_steps(
                 }
             }
         }
+        workloads::clear(ctx.copy_dest)?;
+        sys::sync();
     }
     pb.finish_and_clear();
     Ok((seconds, failures))

@@ -450,7 +450,8 @@ pub struct Ctx<'a> {
     pub intr: &'a Interrupt,
     /// Whether the caches can be dropped before cold workloads.
     pub can_drop_caches: bool,
-    /// A native directory for copy_out, removed after each copy.
+    /// A native directory for copy_out (one subdirectory per directory benchmarked),
+    /// emptied at the end of every run.
     pub copy_dest: &'a Path,
 }
 
@@ -471,7 +472,7 @@ fn time(f: impl FnOnce() -> Result<()>) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-fn clear(p: &Path) -> Result<()> {
+pub fn clear(p: &Path) -> Result<()> {
     match fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() => {
             fs::remove_dir_all(p).with_context(|| format!("cannot remove {}", p.display()))
@@ -674,16 +675,24 @@ impl Site {
             }
             Kind::CopyOut => {
                 self.ensure_tree(ctx)?;
-                clear(ctx.copy_dest)?;
-                fs::create_dir_all(ctx.copy_dest)
-                    .with_context(|| format!("cannot create {}", ctx.copy_dest.display()))?;
-                let dest = ctx.copy_dest.join("tree");
+                // Each directory copies to its own place, and the copies are removed only
+                // at the end of the run: deleting 10,000 files right before the next
+                // directory's copy would slow that copy down on some file systems.
+                let dest = ctx.copy_dest.join(&self.label);
+                clear(&dest)?;
+                fs::create_dir_all(&dest)
+                    .with_context(|| format!("cannot create {}", dest.display()))?;
+                sys::sync();
                 let t = time(|| {
                     ctx.intr
-                        .run(Command::new("cp").arg("-r").arg(self.tree()).arg(&dest))
+                        .run(
+                            Command::new("cp")
+                                .arg("-r")
+                                .arg(self.tree())
+                                .arg(dest.join("tree")),
+                        )
                         .map(drop)
                 });
-                clear(ctx.copy_dest)?;
                 sys::sync();
                 t?
             }
