@@ -1,5 +1,6 @@
-//! One client connection: handshake, then a reader that queues requests for a pool of
-//! workers, which execute them concurrently and write replies as they finish (out of order).
+//! One client connection: handshake, then a pool of workers that take turns reading the
+//! next request, execute requests concurrently and write each reply as soon as it is ready
+//! (out of order); a watcher thread writes pushed invalidations on the same stream.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +23,12 @@ use crate::export::{Export, ExportFs};
 /// Limits of one session.
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
-    /// Requests queued or executing at once; the reader stops reading beyond this.
+    /// Requests the client may send without waiting (announced in HELLO). The server
+    /// executes `workers` of them at once; the rest wait in the socket, so a client that
+    /// sends more only waits longer.
     pub max_in_flight: usize,
-    /// Worker threads executing this session's requests.
+    /// Worker threads executing this session's requests; with all of them busy nobody
+    /// reads, which back-pressures the client.
     pub workers: usize,
 }
 
@@ -253,10 +257,6 @@ pub fn handle_frame(
         } => {
             let size = (size as usize).min(MAX_FRAME_LEN - 64);
             data_reply_frame(h.op, h.id, size, |buf| fs.read_into(node, fh, offset, buf))
-        }
-        Request::Readlink { node } => {
-            let r = fs.readlink(node).map(|v| Reply::Data(Bytes::from(v)));
-            reply_frame(h.op, h.id, &r)
         }
         req => {
             let r = fs.dispatch(caller, req);

@@ -12,7 +12,6 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use nodes::{FdBudget, Node, NodeTable};
@@ -30,8 +29,6 @@ pub struct Export {
     /// Most open file handles one session may hold (a share of the open-file limit, so that
     /// node descriptors and handles together stay below it).
     pub max_handles: usize,
-    /// Bumped by every mutation; attributes carry the value at the time they were read.
-    seq: AtomicU64,
     /// True when the server runs as root and so can create files as the guest's caller.
     pub creds_switch: bool,
     pub instance: [u8; 16],
@@ -88,18 +85,9 @@ impl Export {
             read_only: opts.read_only,
             budget: FdBudget::new(cap),
             max_handles,
-            seq: AtomicU64::new(1),
             creds_switch,
             instance,
         }))
-    }
-
-    pub fn seq(&self) -> u64 {
-        self.seq.load(Ordering::Acquire)
-    }
-
-    pub fn bump(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// A fresh O_PATH descriptor of the export root, for a new session's node table.

@@ -126,6 +126,7 @@ pub struct NodeTable {
     next_foreign: AtomicU64,
     next_generation: AtomicU64,
     root_dev: u64,
+    root_ino: u64,
     budget: Arc<FdBudget>,
 }
 
@@ -140,6 +141,7 @@ impl NodeTable {
             next_foreign: AtomicU64::new(FOREIGN_BASE),
             next_generation: AtomicU64::new(1),
             root_dev: st.st_dev,
+            root_ino: st.st_ino,
             budget: budget.clone(),
         };
         let root = Arc::new(Node {
@@ -168,14 +170,15 @@ impl NodeTable {
         self.nodes.is_empty()
     }
 
-    pub fn root_ino(&self) -> u64 {
-        self.nodes.get(&ROOT_NODE).map(|n| n.ino).unwrap_or(0)
+    /// The device of the export's own file system.
+    pub fn root_dev(&self) -> u64 {
+        self.root_dev
     }
 
     /// The id the guest sees for a host inode.
     pub fn id_for(&self, dev: u64, ino: u64) -> NodeId {
         if dev == self.root_dev && ino != ROOT_NODE && ino < FOREIGN_BASE {
-            if ino == self.root_ino() {
+            if ino == self.root_ino {
                 return ROOT_NODE;
             }
             return ino;
@@ -204,10 +207,9 @@ impl NodeTable {
     ) -> Arc<Node> {
         let id = self.id_for(st.st_dev, st.st_ino);
         let location = Location { parent, name };
-        let mut fresh = None;
         let node = {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
-                let n = Arc::new(Node {
+                Arc::new(Node {
                     id,
                     generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
                     dev: st.st_dev,
@@ -219,9 +221,7 @@ impl NodeTable {
                     budget: self.budget.clone(),
                     synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
                     watched: AtomicBool::new(false),
-                });
-                fresh = Some(n.clone());
-                n
+                })
             });
             let node = slot.value_mut();
             node.lookups.fetch_add(1, Ordering::Relaxed);
@@ -241,7 +241,6 @@ impl NodeTable {
         if installed {
             self.budget.opened(&node);
         }
-        drop(fresh);
         node
     }
 
@@ -257,11 +256,6 @@ impl NodeTable {
                 left == 0
             })
             .map(|(_, n)| n)
-    }
-
-    /// Every node in the table (for invalidating everything after a lost watch queue).
-    pub fn all_ids(&self) -> Vec<NodeId> {
-        self.nodes.iter().map(|e| *e.key()).collect()
     }
 
     /// The node for a host inode, if the client holds it.

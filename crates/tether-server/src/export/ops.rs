@@ -1,6 +1,6 @@
 //! One session's view of the export: its nodes and open handles, and every operation.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -138,7 +138,9 @@ impl ExportFs {
             gid: st.st_gid,
             rdev: st.st_rdev,
             blksize: st.st_blksize as u32,
-            seq: self.export.seq(),
+            // Reserved: replies are ordered against invalidations by push sequence on the
+            // client (docs/coherence.md), so the server keeps no change counter for it.
+            seq: 0,
         }
     }
 
@@ -154,6 +156,12 @@ impl ExportFs {
             return Err(WireErrno::ENOTDIR);
         }
         Ok(fd)
+    }
+
+    /// A readable stream of directory `node`'s entries.
+    fn dir_stream(&self, node: NodeId) -> SysResult<OwnedFd> {
+        let fd = self.dir_fd(node)?;
+        sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
     }
 
     fn getattr_node(&self, id: NodeId) -> SysResult<Attr> {
@@ -403,10 +411,6 @@ impl ExportFs {
         )
     }
 
-    fn proc_path(fd: &OwnedFd) -> CString {
-        CString::new(format!("/proc/self/fd/{}", sys::raw(fd))).expect("no NUL")
-    }
-
     fn check_writable(&self, req: &Request) -> SysResult<()> {
         let mutating = req.op().mutates()
             || matches!(req, Request::Open { flags, .. }
@@ -431,7 +435,7 @@ impl ExportFs {
         sys::pread(f.as_fd(), buf, offset)
     }
 
-    pub fn readlink(&self, node: NodeId) -> SysResult<Vec<u8>> {
+    fn readlink(&self, node: NodeId) -> SysResult<Vec<u8>> {
         let (n, fd) = self.node_fd(node)?;
         if !n.is_symlink() {
             return Err(WireErrno::EINVAL);
@@ -439,15 +443,10 @@ impl ExportFs {
         sys::readlink_fd(fd.as_fd())
     }
 
-    /// Executes one request (all but read and readlink, which write into the frame).
+    /// Executes one request (all but read, which writes straight into the reply frame).
     pub fn dispatch(&self, caller: Caller, req: Request) -> SysResult<Reply> {
         self.check_writable(&req)?;
-        let mutates = req.op().mutates();
-        let r = self.execute(caller, req);
-        if mutates && r.is_ok() {
-            self.export.bump();
-        }
-        r
+        self.execute(caller, req)
     }
 
     fn execute(&self, caller: Caller, req: Request) -> SysResult<Reply> {
@@ -709,7 +708,7 @@ impl ExportFs {
                     return Err(WireErrno::EPERM);
                 }
                 self.own_change(&n, fd.as_fd(), || {
-                    sys::setxattr(&Self::proc_path(&fd), &name, &value, flags as i32)
+                    sys::setxattr(&sys::proc_path(fd.as_fd()), &name, &value, flags as i32)
                 })?;
                 Ok(Reply::Empty)
             }
@@ -719,7 +718,7 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::ENODATA);
                 }
-                let path = Self::proc_path(&fd);
+                let path = sys::proc_path(fd.as_fd());
                 xattr_reply(size, |buf| sys::getxattr(&path, &name, buf))
             }
             Listxattr { node, size } => {
@@ -727,7 +726,7 @@ impl ExportFs {
                 if n.is_symlink() {
                     return xattr_reply(size, |_| Ok(0));
                 }
-                let path = Self::proc_path(&fd);
+                let path = sys::proc_path(fd.as_fd());
                 xattr_reply(size, |buf| sys::listxattr(&path, buf))
             }
             Removexattr { node, name } => {
@@ -737,14 +736,12 @@ impl ExportFs {
                     return Err(WireErrno::EPERM);
                 }
                 self.own_change(&n, fd.as_fd(), || {
-                    sys::removexattr(&Self::proc_path(&fd), &name)
+                    sys::removexattr(&sys::proc_path(fd.as_fd()), &name)
                 })?;
                 Ok(Reply::Empty)
             }
             Opendir { node, .. } => {
-                let fd = self.dir_fd(node)?;
-                let d = sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                let fh = self.add_handle(Handle::Dir(Mutex::new(d)))?;
+                let fh = self.add_handle(Handle::Dir(Mutex::new(self.dir_stream(node)?)))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
             Readdir {
@@ -856,7 +853,7 @@ impl ExportFs {
             }
             match file_fd {
                 Some(f) => sys::ftruncate(f, set.size)?,
-                None => sys::truncate_path(&Self::proc_path(fd), set.size)?,
+                None => sys::truncate_path(&sys::proc_path(fd.as_fd()), set.size)?,
             }
         }
         if set.atime != SetTime::Omit || set.mtime != SetTime::Omit {
@@ -922,9 +919,7 @@ impl ExportFs {
         } else {
             // Listing addressed by node (no-opendir mode): a stream just for this request;
             // offsets are the file system's cookies, valid across streams.
-            let fd = self.dir_fd(node)?;
-            let d = sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            Arc::new(Handle::Dir(Mutex::new(d)))
+            Arc::new(Handle::Dir(Mutex::new(self.dir_stream(node)?)))
         };
         let Handle::Dir(dir) = &*h else {
             return Err(WireErrno::ENOTDIR);
@@ -942,7 +937,7 @@ impl ExportFs {
             let ino = if raw.name == b"." {
                 node
             } else {
-                self.nodes.id_for(self.nodes_dev(), raw.ino)
+                self.nodes.id_for(self.nodes.root_dev(), raw.ino)
             };
             let entry = if plus && !dots {
                 let name = match CString::new(raw.name.clone()) {
@@ -975,10 +970,6 @@ impl ExportFs {
             return Err(e);
         }
         Ok(Reply::Dir(entries))
-    }
-
-    fn nodes_dev(&self) -> u64 {
-        self.nodes.get(ROOT_NODE).map(|n| n.dev).unwrap_or(0)
     }
 }
 
@@ -1017,6 +1008,3 @@ fn xattr_reply(size: u32, mut get: impl FnMut(&mut [u8]) -> SysResult<usize>) ->
     buf.truncate(n);
     Ok(Reply::XattrData(Bytes::from(buf)))
 }
-
-#[allow(dead_code)]
-fn _assert_cstr(_: &CStr) {}

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use tether_proto::WireErrno;
 
@@ -31,6 +31,12 @@ fn cvt_isize(ret: isize) -> SysResult<usize> {
     } else {
         Ok(ret as usize)
     }
+}
+
+/// The /proc path of a descriptor, for the calls that take only a path (xattrs, truncate,
+/// inotify); the magic link leads to exactly the object the descriptor holds.
+pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("digits have no NUL")
 }
 
 /// Name of a descriptor inside /proc/self/fd, for the calls that must reopen or follow it.
@@ -468,8 +474,4 @@ pub fn raise_nofile_limit() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
     lim.rlim_cur
-}
-
-pub fn raw(fd: &OwnedFd) -> RawFd {
-    fd.as_raw_fd()
 }

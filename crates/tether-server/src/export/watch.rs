@@ -85,8 +85,7 @@ impl Watcher {
     /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
     /// refuses (watch limit reached): that directory falls back to revalidation.
     pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
-        let path =
-            std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        let path = super::sys::proc_path(fd.as_fd());
         // SAFETY: valid C string; the watch follows the magic link to the directory itself.
         let wd = unsafe { libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {
