@@ -157,8 +157,8 @@ pub struct Attr {
     pub gid: u32,
     pub rdev: u64,
     pub blksize: u32,
-    /// Server change sequence when these attributes were read: a client drops attributes
-    /// older than an invalidation it has already applied.
+    /// Reserved, sent as 0: replies are ordered against invalidations by push sequence on the
+    /// client (docs/protocol.md §13).
     pub seq: u64,
 }
 

@@ -2303,3 +2303,64 @@ fn random_headers_never_panic() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Push frames
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn golden_invalidate_push() {
+    let items = vec![
+        Invalidation::Inode(0x1234),
+        Invalidation::Entry {
+            parent: 7,
+            name: b(b"ab"),
+        },
+        Invalidation::All,
+    ];
+    let got = invalidate_frame(9, &items);
+    let expected: Vec<u8> = [
+        &[0x27, 0, 0, 0][..],            // len: 39 bytes after this field
+        &[3],                            // kind: push
+        &[0],                            // flags
+        &[100, 0],                       // op: INVALIDATE (100)
+        &[9, 0, 0, 0, 0, 0, 0, 0],       // id: push sequence 9
+        &[3, 0, 0, 0],                   // item count: 3
+        &[1],                            // item 1 kind: inode
+        &[0x34, 0x12, 0, 0, 0, 0, 0, 0], //   node 0x1234
+        &[2],                            // item 2 kind: entry
+        &[7, 0, 0, 0, 0, 0, 0, 0],       //   parent 7
+        &[2, 0],                         //   name length 2
+        b"ab",                           //   name
+        &[3],                            // item 3 kind: all
+    ]
+    .concat();
+    assert_frame("INVALIDATE push", &got, &expected);
+    let (h, body) = split(&got);
+    assert_eq!(
+        (h.kind, h.op, h.id),
+        (FrameKind::Push, push_op::INVALIDATE, 9)
+    );
+    assert_eq!(decode_invalidate(body.clone()).unwrap(), items);
+    // Every truncation fails cleanly, as do trailing bytes and an unknown item kind.
+    for cut in 0..body.len() {
+        assert!(
+            decode_invalidate(body.slice(..cut)).is_err(),
+            "prefix of {cut} bytes decoded"
+        );
+    }
+    let mut longer = body.to_vec();
+    longer.push(0);
+    assert!(matches!(
+        decode_invalidate(Bytes::from(longer)),
+        Err(DecodeError::Trailing(1))
+    ));
+    let bad_kind = Bytes::from_static(&[1, 0, 0, 0, 4]);
+    assert!(matches!(
+        decode_invalidate(bad_kind),
+        Err(DecodeError::Invalid { .. })
+    ));
+    // A huge count in a tiny frame is refused without allocating for it.
+    let huge = Bytes::from_static(&[0xff, 0xff, 0xff, 0xff, 1]);
+    assert!(decode_invalidate(huge).is_err());
+}
