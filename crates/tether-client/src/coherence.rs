@@ -45,7 +45,7 @@ pub struct Coherence {
     watched: DashMap<NodeId, ()>,
     /// Nodes the server could not watch (they fall back to the mount's timeout).
     unwatched: DashMap<NodeId, ()>,
-    queue: Mutex<Sender<Vec<Invalidation>>>,
+    queue: Sender<Vec<Invalidation>>,
     pending: Mutex<Option<Receiver<Vec<Invalidation>>>>,
     pub counters: Counters,
 }
@@ -59,7 +59,7 @@ impl Coherence {
             invalidated: DashMap::new(),
             watched: DashMap::new(),
             unwatched: DashMap::new(),
-            queue: Mutex::new(tx),
+            queue: tx,
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
         })
@@ -90,7 +90,12 @@ impl Coherence {
     /// May the kernel keep what a reply (to a request sent at `sent`) says about `node`
     /// until it is revoked?
     pub fn cacheable(&self, node: NodeId, sent: u64) -> bool {
-        self.enabled() && self.watched.contains_key(&node) && self.fresh(node, sent)
+        self.watches(node) && self.fresh(node, sent)
+    }
+
+    /// The server pushes invalidations for `node`.
+    pub fn watches(&self, node: NodeId) -> bool {
+        self.enabled() && self.watched.contains_key(&node)
     }
 
     pub fn set_watched(&self, node: NodeId, watched: bool) {
@@ -155,7 +160,7 @@ impl Coherence {
         }
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
-        let _ = self.queue.lock().unwrap().send(items);
+        let _ = self.queue.send(items);
     }
 
     /// Starts the thread that applies invalidations to the kernel.

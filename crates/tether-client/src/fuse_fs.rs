@@ -67,7 +67,7 @@ fn ttl_for(
     let parent_fresh = parent.map(|p| co.fresh(p, sent)).unwrap_or(true);
     if !co.fresh(node, sent) || !parent_fresh {
         Duration::ZERO
-    } else if co.cacheable(node, sent) {
+    } else if co.watches(node) {
         WATCHED_TTL
     } else {
         fallback
@@ -216,9 +216,8 @@ impl TetherFs {
     fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
         let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
         let negative_ok = matches!(msg, Request::Lookup { .. });
-        let msg_ref = &msg;
         self.conn
-            .call(caller(req), msg_ref, move |res: ReplyResult| match res {
+            .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) => {
                     co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
                     let ttl = ttl_for(&co, fallback.attr_ttl, e.node, Some(parent), sent);
@@ -261,27 +260,20 @@ impl TetherFs {
         });
     }
 
-    /// For open and opendir: keep the kernel's cached pages (or listing) of a watched node,
-    /// since a host change would have revoked them.
-    fn open_call(
-        &self,
-        req: &FuseRequest,
-        node: NodeId,
-        dir: bool,
-        msg: Request,
-        reply: ReplyOpen,
-    ) {
-        let (co, sent) = (self.co.clone(), self.co.now());
-        self.call(req, msg, reply, move |reply, r| match r {
+    /// For open and opendir. When the server watches, ENOSYS puts the kernel in "no open"
+    /// mode: it stops sending OPEN/OPENDIR and RELEASE, keeps pages and listings
+    /// (KEEP_CACHE and CACHE_DIR by default) and addresses I/O by node, so a cached
+    /// open+read+close never leaves the guest; pushes revoke what went stale. Otherwise the
+    /// server opens a handle and the kernel drops its pages at every open (close-to-open
+    /// consistency, as NFS does).
+    fn open_call(&self, req: &FuseRequest, msg: Request, reply: ReplyOpen) {
+        if self.co.enabled() {
+            reply.error(Errno::ENOSYS);
+            return;
+        }
+        self.call(req, msg, reply, |reply, r| match r {
             Reply::Open { fh, .. } => {
-                let mut flags = FopenFlags::empty();
-                if co.cacheable(node, sent) {
-                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
-                    if dir {
-                        flags |= FopenFlags::FOPEN_CACHE_DIR;
-                    }
-                }
-                reply.opened(FileHandle(fh), flags);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
                 Ok(())
             }
             _ => Err(reply),
@@ -546,18 +538,8 @@ impl Filesystem for TetherFs {
     }
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.co.enabled() {
-            // "No open" mode: ENOSYS makes the kernel stop sending OPEN and RELEASE for
-            // files, keep their pages (KEEP_CACHE by default) and address I/O by node. A
-            // cached open+read+close then never leaves the guest; the server's pushes
-            // revoke pages that went stale.
-            reply.error(Errno::ENOSYS);
-            return;
-        }
         self.open_call(
             req,
-            ino.0,
-            false,
             Request::Open {
                 node: ino.0,
                 flags: flags.0 as u32,
@@ -661,15 +643,8 @@ impl Filesystem for TetherFs {
     }
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.co.enabled() {
-            // As for files: listings are cached (CACHE_DIR by default) and revoked by push.
-            reply.error(Errno::ENOSYS);
-            return;
-        }
         self.open_call(
             req,
-            ino.0,
-            true,
             Request::Opendir {
                 node: ino.0,
                 flags: flags.0 as u32,
