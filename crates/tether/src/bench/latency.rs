@@ -3,14 +3,13 @@
 //! the change shows, cycling through ten kinds of change, each with its own check.
 
 use std::fs::{self, File};
-use std::io::{ErrorKind, IsTerminal, Write as _};
+use std::io::{ErrorKind, Write as _};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::report::fmt_secs;
@@ -454,18 +453,7 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
             setup_wait.as_secs()
         );
     }
-    let bars = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-    let pb = if bars {
-        let pb = ProgressBar::new(u64::from(args.trials));
-        pb.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
+    let (bars, pb) = super::progress(u64::from(args.trials));
     let mut tallies: Vec<Tally> = KINDS.iter().map(|_| Tally::default()).collect();
     for i in 0..args.trials as usize {
         intr.check()?;

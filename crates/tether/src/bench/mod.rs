@@ -69,6 +69,22 @@ pub struct LatencyArgs {
     pub json: Option<PathBuf>,
 }
 
+/// A progress bar when both outputs are a terminal (and whether it is shown), a hidden one
+/// when the output is piped or logged.
+fn progress(len: u64) -> (bool, indicatif::ProgressBar) {
+    use std::io::IsTerminal;
+    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+        return (false, indicatif::ProgressBar::hidden());
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    (true, pb)
+}
+
 pub fn run_bench(args: BenchArgs) -> Result<()> {
     runner::run(args)
 }

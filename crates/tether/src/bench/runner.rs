@@ -2,12 +2,10 @@
 //! subdirectories, interleaves runs (for each run, for each workload, every directory in
 //! turn) so drift hits every directory alike, and always removes what it created.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use super::report::{self, Cell, DirInfo, Failure, Report, WorkloadResult};
 use super::sys::{self, Interrupt};
@@ -179,18 +177,7 @@ fn run_steps(
     let mut seconds: Seconds = vec![vec![Vec::new(); sites.len()]; selected.len()];
     let mut failures = Vec::new();
     let total = u64::from(args.runs) * (selected.len() * sites.len()) as u64;
-    let bars = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-    let pb = if bars {
-        let pb = ProgressBar::new(total);
-        pb.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
+    let (bars, pb) = super::progress(total);
     let say = |s: String| {
         if bars {
             pb.println(s);
