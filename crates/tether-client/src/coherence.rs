@@ -16,14 +16,18 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
-use tether_proto::{decode_invalidate, push_op, FrameHeader, Invalidation, NodeId, ROOT_NODE};
+use tether_proto::{
+    decode_invalidate, push_op, FrameHeader, InvalidatePush, Invalidation, NodeId, ROOT_NODE,
+};
+
+use crate::host_events::Replayer;
 
 /// How long the kernel may keep what the server watches: "until revoked".
 pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -45,9 +49,11 @@ pub struct Coherence {
     watched: DashMap<NodeId, ()>,
     /// Nodes the server could not watch (they fall back to the mount's timeout).
     unwatched: DashMap<NodeId, ()>,
-    queue: Sender<Vec<Invalidation>>,
-    pending: Mutex<Option<Receiver<Vec<Invalidation>>>>,
+    queue: Sender<InvalidatePush>,
+    pending: Mutex<Option<Receiver<InvalidatePush>>>,
     pub counters: Counters,
+    /// Set when host events are replayed as inotify events in the guest.
+    pub replayer: OnceLock<Arc<Replayer>>,
 }
 
 impl Coherence {
@@ -62,6 +68,7 @@ impl Coherence {
             queue: tx,
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
+            replayer: OnceLock::new(),
         })
     }
 
@@ -134,15 +141,15 @@ impl Coherence {
         if h.op != push_op::INVALIDATE {
             return; // a push type from a newer server: ignore it
         }
-        let items = match decode_invalidate(body) {
-            Ok(items) => items,
+        let push = match decode_invalidate(body) {
+            Ok(push) => push,
             Err(e) => {
                 tracing::warn!("malformed invalidation push: {e}");
                 return;
             }
         };
         let seq = h.id;
-        for item in &items {
+        for item in &push.items {
             match item {
                 Invalidation::Inode(n) | Invalidation::Entry { parent: n, .. } => {
                     self.invalidated.insert(*n, seq);
@@ -160,51 +167,81 @@ impl Coherence {
         }
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
-        let _ = self.queue.send(items);
+        let _ = self.queue.send(push);
     }
 
-    /// Starts the thread that applies invalidations to the kernel.
-    pub fn start_applier(self: &Arc<Self>, notifier: Notifier) {
+    /// Starts the thread that applies invalidations to the kernel and, with a `replayer`,
+    /// replays host events into the guest (see host_events.rs).
+    pub fn start_applier(self: &Arc<Self>, notifier: Notifier, replayer: Option<Arc<Replayer>>) {
         let Some(rx) = self.pending.lock().unwrap().take() else {
             return;
         };
+        if let Some(r) = &replayer {
+            let _ = self.replayer.set(r.clone());
+        }
         let me = self.clone();
         std::thread::Builder::new()
             .name("tether-invalidate".into())
-            .spawn(move || me.apply_loop(rx, notifier))
+            .spawn(move || {
+                if let Some(r) = &replayer {
+                    r.bind_to_current_thread();
+                }
+                me.apply_loop(rx, notifier, replayer.as_deref())
+            })
             .expect("spawn invalidation thread");
     }
 
-    fn apply_loop(&self, rx: Receiver<Vec<Invalidation>>, notifier: Notifier) {
+    fn apply_loop(
+        &self,
+        rx: Receiver<InvalidatePush>,
+        notifier: Notifier,
+        replayer: Option<&Replayer>,
+    ) {
         while let Ok(first) = rx.recv() {
-            // Coalesce a burst: everything queued so far, each item once.
-            let mut batch = first;
+            // Coalesce a burst: everything queued so far, each invalidation once.
+            let (mut items, mut events) = (first.items, first.events);
             while let Ok(more) = rx.try_recv() {
-                batch.extend(more);
+                items.extend(more.items);
+                events.extend(more.events);
             }
             let mut seen = HashSet::new();
-            for item in batch {
-                if !seen.insert(item.clone()) {
-                    continue;
+            items.retain(|item| seen.insert(item.clone()));
+            match replayer {
+                Some(r) if !events.is_empty() => {
+                    // Content first, so that a watcher woken by an event reads the new data;
+                    // names last, so that a replayed removal still finds the name (and the
+                    // directories above it) the host has already removed.
+                    let (names, others): (Vec<_>, Vec<_>) = items
+                        .into_iter()
+                        .partition(|i| matches!(i, Invalidation::Entry { .. }));
+                    self.apply(others, &notifier);
+                    r.replay(&events, &notifier);
+                    self.apply(names, &notifier);
                 }
-                self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
-                // Errors mean the kernel holds nothing for it (already forgotten): fine.
-                match item {
-                    Invalidation::Inode(n) => {
+                _ => self.apply(items, &notifier),
+            }
+        }
+    }
+
+    fn apply(&self, items: Vec<Invalidation>, notifier: &Notifier) {
+        for item in items {
+            self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+            // Errors mean the kernel holds nothing for it (already forgotten): fine.
+            match item {
+                Invalidation::Inode(n) => {
+                    let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                }
+                Invalidation::Entry { parent, name } => {
+                    let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                }
+                Invalidation::All => {
+                    let nodes: Vec<NodeId> = self.watched.iter().map(|e| *e.key()).collect();
+                    for n in nodes {
                         let _ = notifier.inval_inode(INodeNo(n), 0, 0);
                     }
-                    Invalidation::Entry { parent, name } => {
-                        let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-                    }
-                    Invalidation::All => {
-                        let nodes: Vec<NodeId> = self.watched.iter().map(|e| *e.key()).collect();
-                        for n in nodes {
-                            let _ = notifier.inval_inode(INodeNo(n), 0, 0);
-                        }
-                        // Cached names cannot be listed one by one: ask the kernel to drop
-                        // every unused dentry (best effort; needs root).
-                        let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
-                    }
+                    // Cached names cannot be listed one by one: ask the kernel to drop
+                    // every unused dentry (best effort; needs root).
+                    let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
                 }
             }
         }
@@ -217,7 +254,7 @@ mod tests {
     use tether_proto::{invalidate_frame, FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 
     fn push(co: &Coherence, seq: u64, items: &[Invalidation]) {
-        let frame = invalidate_frame(seq, items);
+        let frame = invalidate_frame(seq, items, &[]);
         let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap(), MAX_FRAME_LEN)
             .unwrap();
         co.on_push(h, Bytes::copy_from_slice(&frame[FRAME_HEADER_LEN..]));

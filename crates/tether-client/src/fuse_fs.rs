@@ -22,6 +22,7 @@ use tether_proto::{
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
+use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::rpc::{Connection, ReplyResult};
 
 /// How long the kernel may trust what it caches. Until the server pushes invalidations
@@ -46,11 +47,28 @@ pub struct TetherFs {
     /// Timeouts for what the server does not watch.
     cache: CachePolicy,
     co: Arc<Coherence>,
+    /// Replays host changes as inotify events; its thread's requests change nothing.
+    replayer: Option<Arc<Replayer>>,
 }
 
 impl TetherFs {
-    pub fn new(conn: Arc<Connection>, cache: CachePolicy, co: Arc<Coherence>) -> Self {
-        TetherFs { conn, cache, co }
+    pub fn new(
+        conn: Arc<Connection>,
+        cache: CachePolicy,
+        co: Arc<Coherence>,
+        replayer: Option<Arc<Replayer>>,
+    ) -> Self {
+        TetherFs {
+            conn,
+            cache,
+            co,
+            replayer,
+        }
+    }
+
+    /// The replayer, if `req` comes from its thread.
+    fn replaying(&self, req: &FuseRequest) -> Option<&Replayer> {
+        self.replayer.as_deref().filter(|r| r.is_replay(req.pid()))
     }
 }
 
@@ -201,6 +219,11 @@ impl TetherFs {
         reply: R,
         ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
     ) {
+        if self.replaying(req).is_some() && msg.op().mutates() {
+            // A replay only imitates a change the host already made (host_events.rs).
+            reply.fail(Errno::EPERM);
+            return;
+        }
         self.conn
             .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(r) => {
@@ -214,8 +237,36 @@ impl TetherFs {
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
     fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
-        let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
+        if self.replaying(req).is_some() {
+            if msg.op().mutates() {
+                // The replay of a creation: answer with what the host created.
+                if let Some(name) = created_name(&msg) {
+                    self.replay_entry(req, parent, name, reply);
+                } else {
+                    reply.error(Errno::EPERM);
+                }
+                return;
+            }
+            if let Request::Lookup { name, .. } = &msg {
+                if let Some(l) = self.replaying(req).and_then(|r| r.lookup(parent, name)) {
+                    self.replay_lookup(req, l, reply);
+                    return;
+                }
+            }
+        }
         let negative_ok = matches!(msg, Request::Lookup { .. });
+        self.send_entry(req, parent, msg, reply, negative_ok);
+    }
+
+    fn send_entry(
+        &self,
+        req: &FuseRequest,
+        parent: NodeId,
+        msg: Request,
+        reply: ReplyEntry,
+        negative_ok: bool,
+    ) {
+        let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
         self.conn
             .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) => {
@@ -237,6 +288,62 @@ impl TetherFs {
                 }
                 Err(e) => reply.error(errno(e)),
             });
+    }
+
+    /// A replayed creation of `name` in `parent`: the entry the host already has.
+    fn replay_entry(&self, req: &FuseRequest, parent: NodeId, name: Bytes, reply: ReplyEntry) {
+        self.send_entry(req, parent, Request::Lookup { parent, name }, reply, false);
+    }
+
+    /// A lookup the replaying thread needs answered as the state before the host change.
+    fn replay_lookup(&self, req: &FuseRequest, l: ReplayLookup, reply: ReplyEntry) {
+        let Some(r) = self.replayer.clone() else {
+            return reply.error(Errno::EIO);
+        };
+        match l {
+            ReplayLookup::Absent => reply.error(Errno::ENOENT),
+            ReplayLookup::Present {
+                dir,
+                name,
+                file_type,
+            } if dir != 0 => {
+                // A rename's source: the node that the host now has under the new name.
+                let co = self.co.clone();
+                let msg = Request::Lookup { parent: dir, name };
+                self.conn
+                    .call(caller(req), &msg, move |res: ReplyResult| match res {
+                        Ok(Reply::Entry(e)) => {
+                            co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                            reply.entry(
+                                &Duration::ZERO,
+                                &file_attr(&e.attr),
+                                Generation(e.generation),
+                            );
+                        }
+                        _ => reply.entry(
+                            &Duration::ZERO,
+                            &file_attr(&r.ghost(file_type)),
+                            Generation(0),
+                        ),
+                    });
+            }
+            ReplayLookup::Present { file_type, .. } => {
+                reply.entry(
+                    &Duration::ZERO,
+                    &file_attr(&r.ghost(file_type)),
+                    Generation(0),
+                );
+            }
+        }
+    }
+
+    /// unlink, rmdir, rename: done already on the host when replayed.
+    fn name_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
+        if self.replaying(req).is_some() {
+            reply.ok();
+        } else {
+            self.empty_call(req, msg, reply);
+        }
     }
 
     fn empty_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
@@ -350,6 +457,9 @@ impl Filesystem for TetherFs {
     }
 
     fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
+        if ino.0 >= GHOST_BASE {
+            return; // never known to the server
+        }
         self.co.forget(ino.0);
         self.conn.send_oneway(
             caller(req),
@@ -405,16 +515,17 @@ impl Filesystem for TetherFs {
             mtime: set_time(mtime),
         };
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        self.attr_call(
-            req,
-            ino.0,
+        let msg = if self.replaying(req).is_some() {
+            // Replayed truncate or chmod: the host is already as it should be.
+            Request::Getattr { node: ino.0, fh: 0 }
+        } else {
             Request::Setattr {
                 node: ino.0,
                 fh,
                 set,
-            },
-            reply,
-        );
+            }
+        };
+        self.attr_call(req, ino.0, msg, reply);
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
@@ -464,7 +575,7 @@ impl Filesystem for TetherFs {
     }
 
     fn unlink(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.empty_call(
+        self.name_call(
             req,
             Request::Unlink {
                 parent: parent.0,
@@ -475,7 +586,7 @@ impl Filesystem for TetherFs {
     }
 
     fn rmdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.empty_call(
+        self.name_call(
             req,
             Request::Rmdir {
                 parent: parent.0,
@@ -518,7 +629,7 @@ impl Filesystem for TetherFs {
             new_name: name(new_name),
             flags: flags.bits(),
         };
-        self.empty_call(req, msg, reply);
+        self.name_call(req, msg, reply);
     }
 
     fn link(
@@ -993,5 +1104,15 @@ impl Filesystem for TetherFs {
             flags: flags.bits() as u32,
         };
         self.written_call(req, msg, reply);
+    }
+}
+
+/// The name a creating request makes, for answering its replay.
+fn created_name(msg: &Request) -> Option<Bytes> {
+    match msg {
+        Request::Mknod { name, .. }
+        | Request::Mkdir { name, .. }
+        | Request::Symlink { name, .. } => Some(name.clone()),
+        _ => None,
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod coherence;
 pub mod fuse_fs;
+pub mod host_events;
 pub mod mount;
 pub mod rpc;
 pub mod status;

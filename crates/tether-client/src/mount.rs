@@ -10,6 +10,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 use crate::coherence::Coherence;
 use crate::fuse_fs::{CachePolicy, TetherFs};
+use crate::host_events::Replayer;
 use crate::rpc::Connection;
 
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct MountOptions {
     /// FUSE worker threads reading from /dev/fuse (handlers never block, so few are needed).
     pub threads: usize,
     pub read_only: bool,
+    /// Raise inotify events in the guest for host changes (needs HOST_EVENTS granted).
+    pub watch_events: bool,
 }
 
 impl Default for MountOptions {
@@ -29,6 +32,7 @@ impl Default for MountOptions {
             fs_name: "tether".into(),
             threads: 2,
             read_only: false,
+            watch_events: true,
         }
     }
 }
@@ -74,9 +78,13 @@ impl Mounted {
         };
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
-        let fs = TetherFs::new(conn, opts.cache, co.clone());
+        let replayer = (opts.watch_events
+            && conn.hello.features & tether_proto::handshake::features::HOST_EVENTS != 0)
+            .then(|| -> io::Result<_> { Ok(Arc::new(Replayer::new(&mountpoint.canonicalize()?))) })
+            .transpose()?;
+        let fs = TetherFs::new(conn, opts.cache, co.clone(), replayer.clone());
         let session = Session::new(fs, mountpoint, &config)?;
-        co.start_applier(session.notifier());
+        co.start_applier(session.notifier(), replayer);
         Ok(Mounted { session })
     }
 

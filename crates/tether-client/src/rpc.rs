@@ -57,11 +57,13 @@ pub enum ConnectError {
 }
 
 impl Connection {
-    /// Performs the handshake on `stream` and starts the reply reader.
+    /// Performs the handshake on `stream` and starts the reply reader. Pushes go to
+    /// `on_push`; with `host_events` they also carry the host changes behind them.
     pub fn start(
         stream: Stream,
         client_name: &str,
         on_push: Option<PushHandler>,
+        host_events: bool,
     ) -> Result<Arc<Connection>, ConnectError> {
         let Stream {
             mut reader,
@@ -75,10 +77,10 @@ impl Connection {
             max_version: PROTOCOL_VERSION,
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
-                | if on_push.is_some() {
-                    features::PUSH_INVALIDATE
-                } else {
-                    0
+                | match (&on_push, host_events) {
+                    (None, _) => 0,
+                    (Some(_), false) => features::PUSH_INVALIDATE,
+                    (Some(_), true) => features::PUSH_INVALIDATE | features::HOST_EVENTS,
                 },
             max_frame: MAX_FRAME_LEN as u32,
             client_name: client_name.as_bytes().to_vec(),

@@ -92,9 +92,18 @@ fn answer(
             fallback.as_secs_f64()
         )
     };
+    let events = match co.replayer.get() {
+        Some(r) => format!(
+            "on: {} replayed as inotify events, {} not watched in the guest, {} failed",
+            r.counters.replayed.load(Ordering::Relaxed),
+            r.counters.unwatched.load(Ordering::Relaxed),
+            r.counters.failed.load(Ordering::Relaxed),
+        ),
+        None => "off".into(),
+    };
     let report = format!(
         "mount: {mp}\nserver: {}\nconnection: {}\ncaching: {caching}\nunwatched nodes: {unwatched}\n\
-         pushes received: {}\ninvalidations applied: {}\n",
+         pushes received: {}\ninvalidations applied: {}\nhost events: {events}\n",
         conn.peer,
         if conn.is_closed() { "lost" } else { "up" },
         co.counters.pushes.load(Ordering::Relaxed),

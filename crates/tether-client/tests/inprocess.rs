@@ -40,7 +40,7 @@ fn setup() -> Setup {
     let server = thread::spawn(move || {
         let _ = run_session(export, server_end, &SessionLimits::default());
     });
-    let conn = Connection::start(client_end, "inprocess-test", None).unwrap();
+    let conn = Connection::start(client_end, "inprocess-test", None, false).unwrap();
     Setup {
         conn,
         dir,

@@ -17,6 +17,9 @@ pub mod features {
     pub const PUSH_INVALIDATE: u64 = 1 << 0;
     /// Reads and writes may be addressed by node with handle 0.
     pub const IO_BY_NODE: u64 = 1 << 1;
+    /// INVALIDATE pushes also carry the host changes behind them (`HostEvent`), so the
+    /// client can raise inotify events in the guest. Requires `PUSH_INVALIDATE`.
+    pub const HOST_EVENTS: u64 = 1 << 2;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,10 @@ pub use errno::WireErrno;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use handshake::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 pub use message::*;
-pub use push::{decode_invalidate, invalidate_frame, push_op, Invalidation};
+pub use push::{
+    changed, decode_invalidate, invalidate_frame, invalidate_frames, push_op, EventKind, HostEvent,
+    InvalidatePush, Invalidation,
+};
 
 /// A node id issued by the server. Ids are never reused within one server session.
 pub type NodeId = u64;

@@ -2318,7 +2318,7 @@ fn golden_invalidate_push() {
         },
         Invalidation::All,
     ];
-    let got = invalidate_frame(9, &items);
+    let got = invalidate_frame(9, &items, &[]);
     let expected: Vec<u8> = [
         &[0x27, 0, 0, 0][..],            // len: 39 bytes after this field
         &[3],                            // kind: push
@@ -2341,7 +2341,7 @@ fn golden_invalidate_push() {
         (h.kind, h.op, h.id),
         (FrameKind::Push, push_op::INVALIDATE, 9)
     );
-    assert_eq!(decode_invalidate(body.clone()).unwrap(), items);
+    assert_eq!(decode_invalidate(body.clone()).unwrap().items, items);
     // Every truncation fails cleanly, as do trailing bytes and an unknown item kind.
     for cut in 0..body.len() {
         assert!(
@@ -2349,12 +2349,10 @@ fn golden_invalidate_push() {
             "prefix of {cut} bytes decoded"
         );
     }
+    // A byte after the items starts an events list, which must then be whole.
     let mut longer = body.to_vec();
     longer.push(0);
-    assert!(matches!(
-        decode_invalidate(Bytes::from(longer)),
-        Err(DecodeError::Trailing(1))
-    ));
+    assert!(decode_invalidate(Bytes::from(longer)).is_err());
     let bad_kind = Bytes::from_static(&[1, 0, 0, 0, 4]);
     assert!(matches!(
         decode_invalidate(bad_kind),
@@ -2363,4 +2361,125 @@ fn golden_invalidate_push() {
     // A huge count in a tiny frame is refused without allocating for it.
     let huge = Bytes::from_static(&[0xff, 0xff, 0xff, 0xff, 1]);
     assert!(decode_invalidate(huge).is_err());
+}
+
+#[test]
+fn golden_invalidate_push_with_events() {
+    let items = vec![Invalidation::Inode(5)];
+    let events = vec![
+        HostEvent {
+            dir: 5,
+            dir_path: b(b"d"),
+            name: b(b"x"),
+            node: 9,
+            file_type: libc_s_ifreg(),
+            kind: EventKind::Changed(changed::MODIFY | changed::CLOSE_WRITE),
+        },
+        HostEvent {
+            dir: 1,
+            dir_path: b(b""),
+            name: b(b"n"),
+            node: 9,
+            file_type: libc_s_ifreg(),
+            kind: EventKind::Moved {
+                from_dir: 5,
+                from_path: b(b"d"),
+                from_name: b(b"x"),
+            },
+        },
+    ];
+    let got = invalidate_frame(2, &items, &events);
+    let expected: Vec<u8> = [
+        &[0x67, 0, 0, 0][..],      // len: 103 bytes after this field
+        &[3, 0, 100, 0],           // push, flags, INVALIDATE
+        &[2, 0, 0, 0, 0, 0, 0, 0], // sequence 2
+        &[1, 0, 0, 0],             // 1 item
+        &[1, 5, 0, 0, 0, 0, 0, 0, 0],
+        &[2, 0, 0, 0],             // 2 events
+        &[3],                      // event 1: changed
+        &[5, 0, 0, 0, 0, 0, 0, 0], //   dir 5
+        &[1, 0, 0, 0],             //   dir path length 1
+        b"d",                      //   dir path
+        &[1, 0],                   //   name length 1
+        b"x",                      //   name
+        &[9, 0, 0, 0, 0, 0, 0, 0], //   node 9
+        &[0, 0x80, 0, 0],          //   file type S_IFREG
+        &[3],                      //   MODIFY | CLOSE_WRITE
+        &[4],                      // event 2: moved
+        &[1, 0, 0, 0, 0, 0, 0, 0], //   dir 1 (root)
+        &[0, 0, 0, 0],             //   dir path: empty
+        &[1, 0],                   //   name length 1
+        b"n",                      //   name
+        &[9, 0, 0, 0, 0, 0, 0, 0], //   node 9
+        &[0, 0x80, 0, 0],          //   file type S_IFREG
+        &[5, 0, 0, 0, 0, 0, 0, 0], //   from dir 5
+        &[1, 0, 0, 0],             //   from path length 1
+        b"d",                      //   from path
+        &[1, 0],                   //   from name length 1
+        b"x",                      //   from name
+    ]
+    .concat();
+    assert_frame("INVALIDATE push with events", &got, &expected);
+    let (_, body) = split(&got);
+    let push = decode_invalidate(body.clone()).unwrap();
+    assert_eq!((push.items, push.events), (items, events));
+    // Cut after the items it is a valid push without events; every other cut fails.
+    for cut in (5..body.len()).filter(|&cut| cut != 13) {
+        assert!(
+            decode_invalidate(body.slice(..cut)).is_err(),
+            "prefix of {cut} bytes decoded"
+        );
+    }
+    // An unknown event kind is refused.
+    let mut bad = body.to_vec();
+    bad[17] = 9;
+    assert!(decode_invalidate(Bytes::from(bad)).is_err());
+}
+
+fn libc_s_ifreg() -> u32 {
+    0o100000
+}
+
+#[test]
+fn large_pushes_are_cut_into_frames_in_order() {
+    let items: Vec<Invalidation> = (0..30_000u64)
+        .map(|i| Invalidation::Entry {
+            parent: i,
+            name: Bytes::from(format!("name-{i}")),
+        })
+        .collect();
+    let events: Vec<HostEvent> = (0..5_000u64)
+        .map(|i| HostEvent {
+            dir: 1,
+            dir_path: Bytes::from(vec![b'p'; 200]),
+            name: Bytes::from(format!("f{i}")),
+            node: 0,
+            file_type: libc_s_ifreg(),
+            kind: EventKind::Created,
+        })
+        .collect();
+    let mut seq = 10;
+    let frames = invalidate_frames(&mut seq, &items, &events);
+    assert!(frames.len() > 2, "{} frames", frames.len());
+    assert_eq!(seq, 10 + frames.len() as u64);
+    let (mut got_items, mut got_events) = (Vec::new(), Vec::new());
+    for (i, f) in frames.iter().enumerate() {
+        assert!(
+            f.len() <= 256 * 1024 + 64 * 1024,
+            "frame {i} is {} bytes",
+            f.len()
+        );
+        let (h, body) = split(f);
+        assert_eq!(h.id, 11 + i as u64);
+        let push = decode_invalidate(body).unwrap();
+        // Invalidations all come before the first event.
+        assert!(push.items.is_empty() || got_events.is_empty());
+        got_items.extend(push.items);
+        got_events.extend(push.events);
+    }
+    assert_eq!(got_items, items);
+    assert_eq!(got_events, events);
+    // An empty batch is still one frame (callers only push when there is something).
+    let mut seq = 0;
+    assert_eq!(invalidate_frames(&mut seq, &[], &[]).len(), 1);
 }

@@ -98,7 +98,8 @@ pub fn run_session(
     let version_ok = hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version;
     // Push invalidations only if the root can be watched; otherwise the client revalidates.
     let wants_push = hello.features & features::PUSH_INVALIDATE != 0;
-    let fs = match ExportFs::new(export.clone(), version_ok && wants_push) {
+    let wants_events = hello.features & features::HOST_EVENTS != 0;
+    let fs = match ExportFs::new(export.clone(), version_ok && wants_push, wants_events) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {
             let frame = reply_frame(h.op, h.id, &Err(e));
@@ -112,6 +113,9 @@ pub fn run_session(
     let mut granted = hello.features & features::IO_BY_NODE;
     if watch {
         granted |= features::PUSH_INVALIDATE;
+        if fs.host_events {
+            granted |= features::HOST_EVENTS;
+        }
     }
     let result = if version_ok {
         Ok(Reply::Hello(HelloReply {
@@ -186,19 +190,19 @@ pub fn run_session(
     outcome
 }
 
-/// Sends the client an INVALIDATE push for every batch of host changes to what it holds.
+/// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
 fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let items = fs.changes(Duration::from_millis(200));
-        if items.is_empty() {
+        let changes = fs.changes(Duration::from_millis(200));
+        if changes.is_empty() {
             continue;
         }
-        seq += 1;
-        tracing::debug!(seq, ?items, "pushing invalidations");
-        let frame = tether_proto::invalidate_frame(seq, &items);
-        if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
-            return;
+        tracing::debug!(?changes, "pushing invalidations");
+        for frame in tether_proto::invalidate_frames(&mut seq, &changes.items, &changes.events) {
+            if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
+                return;
+            }
         }
     }
 }

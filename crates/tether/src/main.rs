@@ -62,6 +62,9 @@ enum Command {
         /// FUSE threads reading kernel requests.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Do not raise inotify events in the guest for changes made on the host.
+        #[arg(long)]
+        no_watch_events: bool,
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
@@ -165,6 +168,7 @@ fn run(cmd: Command) -> Result<()> {
             read_only,
             threads,
             no_push,
+            no_watch_events,
         } => {
             let addr = parse_address(&address)?;
             if !mountpoint.is_dir() {
@@ -183,7 +187,7 @@ fn run(cmd: Command) -> Result<()> {
                 let co = co.clone();
                 Some(Box::new(move |h, body| co.on_push(h, body)))
             };
-            let conn = Connection::start(stream, &name, on_push)
+            let conn = Connection::start(stream, &name, on_push, !no_watch_events)
                 .with_context(|| format!("handshake with {addr} failed"))?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);
             let opts = MountOptions {
@@ -194,6 +198,7 @@ fn run(cmd: Command) -> Result<()> {
                 fs_name: format!("tether:{addr}"),
                 threads,
                 read_only,
+                watch_events: !no_watch_events,
             };
             let _status = tether_client::status::StatusServer::start(
                 &mountpoint,

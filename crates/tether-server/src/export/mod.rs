@@ -3,6 +3,7 @@
 //! Every operation names a node the server issued and at most one path component; names are
 //! checked, and every syscall is relative to a held descriptor with no-follow flags.
 
+mod changes;
 mod nodes;
 mod ops;
 pub mod sys;
@@ -14,6 +15,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use changes::Changes;
 pub use nodes::{FdBudget, Node, NodeTable};
 pub use ops::ExportFs;
 use tether_proto::WireErrno;

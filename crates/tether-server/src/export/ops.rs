@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use dashmap::DashMap;
 use tether_proto::{
-    entry_flags, setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, Invalidation, NodeId,
-    Reply, Request, SetTime, Timespec, WireErrno, ROOT_NODE,
+    entry_flags, setattr_valid, Attr, Caller, DirEntry, Entry, HandleId, NodeId, Reply, Request,
+    SetTime, Timespec, WireErrno, ROOT_NODE,
 };
 
 use super::nodes::{Node, NodeTable};
 use super::sys::{self, FsCreds, SysResult};
-use super::watch::{name_change, Batch, NameChange, Watcher};
+use super::watch::{NameChange, Watcher};
 use super::Export;
 
 /// Longest name a component may have (Linux NAME_MAX).
@@ -33,6 +33,8 @@ pub struct ExportFs {
     next_handle: AtomicU64,
     /// Present when the client asked for pushed invalidations.
     pub watcher: Option<Watcher>,
+    /// The client also wants the host changes behind the invalidations (HOST_EVENTS).
+    pub host_events: bool,
 }
 
 /// Checks a single path component from the guest.
@@ -79,8 +81,8 @@ pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
 
 impl ExportFs {
     /// A session's view of the export; with `watch`, changes to what the client holds are
-    /// reported by [`ExportFs::changes`].
-    pub fn new(export: Arc<Export>, watch: bool) -> SysResult<ExportFs> {
+    /// reported by [`ExportFs::changes`], with the host events behind them if `host_events`.
+    pub fn new(export: Arc<Export>, watch: bool, host_events: bool) -> SysResult<ExportFs> {
         let root = export
             .root_fd()
             .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
@@ -101,6 +103,7 @@ impl ExportFs {
             nodes,
             handles: DashMap::new(),
             next_handle: AtomicU64::new(1),
+            host_events: host_events && watcher.is_some(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -144,7 +147,7 @@ impl ExportFs {
         }
     }
 
-    fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+    pub(super) fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
         let node = self.nodes.get(id)?;
         let fd = self.nodes.fd(&node)?;
         Ok((node, fd))
@@ -257,101 +260,6 @@ impl ExportFs {
             }
         }
         r
-    }
-
-    /// Turns watch events into the invalidations the client needs, leaving out the echoes
-    /// of its own changes. Waits up to `timeout` for events.
-    pub fn changes(&self, timeout: std::time::Duration) -> Vec<Invalidation> {
-        let Some(w) = &self.watcher else {
-            std::thread::sleep(timeout);
-            return Vec::new();
-        };
-        let events = match w.read(timeout) {
-            Ok(Batch::Events(e)) => e,
-            Ok(Batch::Overflow) => {
-                tracing::warn!("watch queue overflowed: invalidating everything the client holds");
-                return vec![Invalidation::All];
-            }
-            Err(e) => {
-                tracing::warn!("reading watch events failed: {e}");
-                return Vec::new();
-            }
-        };
-        let mut out: Vec<Invalidation> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut push = |inv: Invalidation, out: &mut Vec<Invalidation>| {
-            if seen.insert(inv.clone()) {
-                out.push(inv);
-            }
-        };
-        for ev in events {
-            let Ok((dir, dir_fd)) = self.node_fd(ev.dir) else {
-                continue;
-            };
-            match (&ev.name, name_change(ev.mask)) {
-                (Some(name), Some(change)) => {
-                    if w.is_own(ev.dir, name, change) {
-                        continue;
-                    }
-                    push(
-                        Invalidation::Entry {
-                            parent: ev.dir,
-                            name: Bytes::from(name.clone()),
-                        },
-                        &mut out,
-                    );
-                    push(Invalidation::Inode(ev.dir), &mut out);
-                }
-                (Some(name), None) => {
-                    // Content or attributes of a file in the directory.
-                    let Ok(cname) = CString::new(name.clone()) else {
-                        continue;
-                    };
-                    let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
-                        continue;
-                    };
-                    if let Some(child) = self.nodes.find(st.st_dev, st.st_ino) {
-                        if self.changed_since_sync(&child) {
-                            push(Invalidation::Inode(child.id), &mut out);
-                        }
-                    }
-                }
-                (None, _) => {
-                    // The directory itself: its attributes, or it was deleted or moved.
-                    // A deletion or move also shows in the parent's watch, which invalidates
-                    // the name; here only the directory's own attributes matter.
-                    if self.changed_since_sync(&dir) {
-                        push(Invalidation::Inode(ev.dir), &mut out);
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Whether the host state of `node` differs from what the client is coherent with; if
-    /// so, the client is about to be told, so that state becomes the coherent one. The state
-    /// is read under the node's lock, so it cannot interleave with an own change.
-    fn changed_since_sync(&self, node: &Arc<Node>) -> bool {
-        let mut synced = node.synced_ctime.lock().unwrap();
-        let Ok(fd) = self.nodes.fd(node) else {
-            return true;
-        };
-        let Ok(st) = sys::fstat(fd.as_fd()) else {
-            return true;
-        };
-        let now = (st.st_ctime, st.st_ctime_nsec);
-        if *synced == now {
-            return false;
-        }
-        tracing::trace!(
-            node = node.id,
-            ?synced,
-            ?now,
-            "changed behind the client's back"
-        );
-        *synced = now;
-        true
     }
 
     /// Runs a creating syscall as the guest's caller, so the new file is theirs.

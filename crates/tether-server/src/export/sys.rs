@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
@@ -148,15 +148,20 @@ pub fn linkat(
 
 /// Reads the target of the symlink `fd` refers to (an O_PATH descriptor).
 pub fn readlink_fd(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
+    // An empty path means the descriptor itself.
+    readlink_at(fd.as_raw_fd(), c"")
+}
+
+/// The path the kernel knows for a descriptor now (it follows renames), from /proc/self/fd.
+pub fn fd_path(fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
+    readlink_at(libc::AT_FDCWD, &proc_path(fd))
+}
+
+fn readlink_at(dir: RawFd, path: &CStr) -> SysResult<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: buf is writable for its length; an empty path means the descriptor itself.
+    // SAFETY: valid C string; buf is writable for its length.
     let n = cvt_isize(unsafe {
-        libc::readlinkat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
+        libc::readlinkat(dir, path.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
     })?;
     buf.truncate(n);
     Ok(buf)

@@ -45,6 +45,8 @@ pub enum NameChange {
 pub struct WatchEvent {
     pub dir: NodeId,
     pub mask: u32,
+    /// Pairs the two halves of a rename.
+    pub cookie: u32,
     pub name: Option<Vec<u8>>,
 }
 
@@ -191,6 +193,7 @@ impl Watcher {
                 // struct inotify_event: i32 wd, u32 mask, u32 cookie, u32 len, name[len].
                 let wd = i32::from_ne_bytes(buf[pos..pos + 4].try_into().unwrap());
                 let mask = u32::from_ne_bytes(buf[pos + 4..pos + 8].try_into().unwrap());
+                let cookie = u32::from_ne_bytes(buf[pos + 8..pos + 12].try_into().unwrap());
                 let nlen = u32::from_ne_bytes(buf[pos + 12..pos + 16].try_into().unwrap()) as usize;
                 let raw = &buf[pos + 16..pos + 16 + nlen];
                 let name = raw
@@ -212,6 +215,7 @@ impl Watcher {
                     events.push(WatchEvent {
                         dir,
                         mask,
+                        cookie,
                         name: name.filter(|n| !n.is_empty()),
                     });
                 }
@@ -234,4 +238,20 @@ pub fn name_change(mask: u32) -> Option<NameChange> {
     } else {
         None
     }
+}
+
+/// The [`changed`](tether_proto::changed) bits of a content or attribute event.
+pub fn changed_bits(mask: u32) -> u8 {
+    use tether_proto::changed;
+    let mut bits = 0;
+    if mask & libc::IN_MODIFY != 0 {
+        bits |= changed::MODIFY;
+    }
+    if mask & libc::IN_CLOSE_WRITE != 0 {
+        bits |= changed::CLOSE_WRITE;
+    }
+    if mask & libc::IN_ATTRIB != 0 {
+        bits |= changed::ATTRIB;
+    }
+    bits
 }

@@ -1,0 +1,286 @@
+//! From inotify events to what the client is told: the invalidations its caches need and,
+//! if it asked (HOST_EVENTS), the host events behind them, so that it can raise the inotify
+//! events a local change would have raised in the guest. Echoes of the session's own
+//! changes are left out of both.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_proto::{EventKind, HostEvent, Invalidation, NodeId, ROOT_NODE};
+
+use super::nodes::Node;
+use super::ops::ExportFs;
+use super::sys;
+use super::watch::{changed_bits, name_change, Batch, NameChange};
+
+/// One batch of changes for the client.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub items: Vec<Invalidation>,
+    pub events: Vec<HostEvent>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty() && self.events.is_empty()
+    }
+}
+
+/// Builds one batch: invalidations once each, events in order, content events of one name
+/// merged, and the two halves of a rename joined.
+#[derive(Default)]
+struct Collector {
+    out: Changes,
+    seen: std::collections::HashSet<Invalidation>,
+    /// (dir, name) -> index of its `Changed` event in this batch.
+    changed_at: HashMap<(NodeId, Vec<u8>), usize>,
+    /// rename cookie -> index of the provisional `Deleted` event its first half left.
+    moved_from: HashMap<u32, usize>,
+    /// Directory paths resolved in this batch.
+    paths: HashMap<NodeId, Option<Bytes>>,
+}
+
+impl Collector {
+    fn invalidate(&mut self, inv: Invalidation) {
+        if self.seen.insert(inv.clone()) {
+            self.out.items.push(inv);
+        }
+    }
+}
+
+impl ExportFs {
+    /// Turns watch events into the invalidations (and host events) the client needs,
+    /// leaving out the echoes of its own changes. Waits up to `timeout` for events.
+    pub fn changes(&self, timeout: Duration) -> Changes {
+        let Some(w) = &self.watcher else {
+            std::thread::sleep(timeout);
+            return Changes::default();
+        };
+        let events = match w.read(timeout) {
+            Ok(Batch::Events(e)) => e,
+            Ok(Batch::Overflow) => {
+                tracing::warn!("watch queue overflowed: invalidating everything the client holds");
+                return Changes {
+                    items: vec![Invalidation::All],
+                    events: Vec::new(),
+                };
+            }
+            Err(e) => {
+                tracing::warn!("reading watch events failed: {e}");
+                return Changes::default();
+            }
+        };
+        let mut c = Collector::default();
+        for ev in events {
+            let Ok((dir, dir_fd)) = self.node_fd(ev.dir) else {
+                continue;
+            };
+            match (&ev.name, name_change(ev.mask)) {
+                (Some(name), Some(change)) => {
+                    if w.is_own(ev.dir, name, change) {
+                        continue;
+                    }
+                    c.invalidate(Invalidation::Entry {
+                        parent: ev.dir,
+                        name: Bytes::from(name.clone()),
+                    });
+                    c.invalidate(Invalidation::Inode(ev.dir));
+                    if self.host_events {
+                        self.name_event(&mut c, &dir_fd, ev.dir, name, change, ev.mask, ev.cookie);
+                    }
+                }
+                (Some(name), None) => {
+                    // Content or attributes of an entry of the directory.
+                    let Ok(cname) = CString::new(name.clone()) else {
+                        continue;
+                    };
+                    let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+                        continue;
+                    };
+                    let bits = changed_bits(ev.mask);
+                    let key = (ev.dir, name.clone());
+                    let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
+                        Some(child) => {
+                            if self.changed_since_sync(&child) {
+                                c.invalidate(Invalidation::Inode(child.id));
+                                // Its writer's close, if it has one, is someone else's too.
+                                child.foreign_write.store(true, Ordering::Relaxed);
+                                true
+                            } else {
+                                // Unchanged since the client was last told: the echo of its
+                                // own change, unless someone else's write is being closed or
+                                // this batch already holds someone else's change to it.
+                                c.changed_at.contains_key(&key)
+                                    || (ev.mask & libc::IN_CLOSE_WRITE != 0
+                                        && child.foreign_write.swap(false, Ordering::Relaxed))
+                            }
+                        }
+                        // The client holds no node for it, so the change cannot be its own.
+                        None => true,
+                    };
+                    if foreign && self.host_events {
+                        let node = self.nodes.id_for(st.st_dev, st.st_ino);
+                        let file_type = st.st_mode & libc::S_IFMT;
+                        self.changed_event(&mut c, &dir_fd, ev.dir, key, node, file_type, bits);
+                    }
+                }
+                (None, _) => {
+                    // The directory itself: its attributes, or it was deleted or moved.
+                    // A deletion or move also shows in the parent's watch, which invalidates
+                    // the name; here only the directory's own attributes matter.
+                    if self.changed_since_sync(&dir) {
+                        c.invalidate(Invalidation::Inode(ev.dir));
+                    }
+                }
+            }
+        }
+        c.out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn name_event(
+        &self,
+        c: &mut Collector,
+        dir_fd: &OwnedFd,
+        dir: NodeId,
+        name: &[u8],
+        change: NameChange,
+        mask: u32,
+        cookie: u32,
+    ) {
+        let Some(dir_path) = self.guest_path(c, dir, dir_fd) else {
+            return;
+        };
+        // What is there now, for creations; removals only know whether it was a directory.
+        let mut node = 0;
+        let mut file_type = if mask & libc::IN_ISDIR != 0 {
+            libc::S_IFDIR
+        } else {
+            libc::S_IFREG
+        };
+        if matches!(change, NameChange::Created | NameChange::MovedTo) {
+            if let Ok(st) = CString::new(name)
+                .map_err(|_| ())
+                .and_then(|n| sys::fstatat_nofollow(dir_fd.as_fd(), &n).map_err(|_| ()))
+            {
+                node = self.nodes.id_for(st.st_dev, st.st_ino);
+                file_type = st.st_mode & libc::S_IFMT;
+            }
+        }
+        let mut event = HostEvent {
+            dir,
+            dir_path,
+            name: Bytes::copy_from_slice(name),
+            node,
+            file_type,
+            kind: EventKind::Created,
+        };
+        match change {
+            NameChange::Created => {}
+            NameChange::Deleted => event.kind = EventKind::Deleted,
+            NameChange::MovedFrom => {
+                // Provisional: becomes the rename when its other half comes, else stays a
+                // deletion (moved out of what the client holds).
+                event.kind = EventKind::Deleted;
+                c.moved_from.insert(cookie, c.out.events.len());
+            }
+            NameChange::MovedTo => {
+                if let Some(at) = c.moved_from.remove(&cookie) {
+                    let from = &c.out.events[at];
+                    event.kind = EventKind::Moved {
+                        from_dir: from.dir,
+                        from_path: from.dir_path.clone(),
+                        from_name: from.name.clone(),
+                    };
+                    c.out.events[at] = event;
+                    return;
+                }
+            }
+        }
+        c.out.events.push(event);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn changed_event(
+        &self,
+        c: &mut Collector,
+        dir_fd: &OwnedFd,
+        dir: NodeId,
+        key: (NodeId, Vec<u8>),
+        node: NodeId,
+        file_type: u32,
+        bits: u8,
+    ) {
+        if let Some(&at) = c.changed_at.get(&key) {
+            if let EventKind::Changed(old) = &mut c.out.events[at].kind {
+                *old |= bits;
+            }
+            return;
+        }
+        let Some(dir_path) = self.guest_path(c, dir, dir_fd) else {
+            return;
+        };
+        c.changed_at.insert(key.clone(), c.out.events.len());
+        c.out.events.push(HostEvent {
+            dir,
+            dir_path,
+            name: Bytes::from(key.1),
+            node,
+            file_type,
+            kind: EventKind::Changed(bits),
+        });
+    }
+
+    /// The directory's path below the export root as it is now, or None if it is no longer
+    /// inside the export. The kernel keeps a descriptor's path current across renames.
+    fn guest_path(&self, c: &mut Collector, dir: NodeId, dir_fd: &OwnedFd) -> Option<Bytes> {
+        if dir == ROOT_NODE {
+            return Some(Bytes::new());
+        }
+        if let Some(p) = c.paths.get(&dir) {
+            return p.clone();
+        }
+        let resolved = (|| {
+            let (_, root_fd) = self.node_fd(ROOT_NODE).ok()?;
+            let root = sys::fd_path(root_fd.as_fd()).ok()?;
+            let path = sys::fd_path(dir_fd.as_fd()).ok()?;
+            let rel = path.strip_prefix(root.as_slice())?.strip_prefix(b"/")?;
+            if rel.ends_with(b" (deleted)") {
+                return None;
+            }
+            Some(Bytes::copy_from_slice(rel))
+        })();
+        c.paths.insert(dir, resolved.clone());
+        resolved
+    }
+
+    /// Whether the host state of `node` differs from what the client is coherent with; if
+    /// so, the client is about to be told, so that state becomes the coherent one. The state
+    /// is read under the node's lock, so it cannot interleave with an own change.
+    fn changed_since_sync(&self, node: &Arc<Node>) -> bool {
+        let mut synced = node.synced_ctime.lock().unwrap();
+        let Ok(fd) = self.nodes.fd(node) else {
+            return true;
+        };
+        let Ok(st) = sys::fstat(fd.as_fd()) else {
+            return true;
+        };
+        let now = (st.st_ctime, st.st_ctime_nsec);
+        if *synced == now {
+            return false;
+        }
+        tracing::trace!(
+            node = node.id,
+            ?synced,
+            ?now,
+            "changed behind the client's back"
+        );
+        *synced = now;
+        true
+    }
+}
