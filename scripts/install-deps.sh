@@ -10,6 +10,9 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v git >/dev/null || need+=(git)
+# Guest file watchers in the tests: inotifywait and Python's watchdog library.
+command -v inotifywait >/dev/null || need+=(inotify-tools)
+/usr/bin/python3 -c 'import watchdog.observers.inotify' 2>/dev/null || need+=(python3-watchdog)
 for extra in "$@"; do
   dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done

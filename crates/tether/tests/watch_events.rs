@@ -1,0 +1,409 @@
+//! Guest file watchers hear host edits: a process watching the mount with inotify (the
+//! inotifywait tool, and Python's watchdog library) receives the events a local change would
+//! have produced, for changes made on the host and through another mount; the guest's own
+//! changes are not echoed; the host's files are left exactly as the host made them.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use common::{Mount, TestMount, TETHER};
+
+/// Far longer than the 50 ms the issue asks at p99 (the bench measures that); long enough
+/// for a loaded CI machine.
+const DEADLINE: Duration = Duration::from_secs(3);
+
+/// A watcher process whose output lines are collected by a thread.
+struct Watcher {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    what: &'static str,
+}
+
+impl Watcher {
+    /// Starts `program args...`; waits until it prints (on stdout or stderr) `ready`.
+    fn start(what: &'static str, program: &str, args: &[&str], ready: &str) -> Watcher {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for out in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        let w = Watcher { child, lines, what };
+        w.wait_for(&format!("{what} to start"), |l| l.contains(ready));
+        w
+    }
+
+    fn inotifywait(dir: &Path) -> Watcher {
+        let dir = dir.to_str().unwrap();
+        Watcher::start(
+            "inotifywait",
+            "inotifywait",
+            &["-m", "-r", "--format", "%e %c %w%f", dir],
+            "Watches established",
+        )
+    }
+
+    fn count(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| pred(l))
+            .count()
+    }
+
+    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        self.wait_for_n(what, 1, &pred);
+        let lines = self.lines.lock().unwrap();
+        lines.iter().rev().find(|l| pred(l)).unwrap().clone()
+    }
+
+    fn wait_for_n(&self, what: &str, n: usize, pred: &dyn Fn(&str) -> bool) {
+        let start = Instant::now();
+        while self.count(pred) < n {
+            if start.elapsed() > DEADLINE {
+                let lines = self.lines.lock().unwrap();
+                let tail: Vec<_> = lines.iter().rev().take(40).rev().collect();
+                panic!(
+                    "{}: {what}: {} of {n} within {DEADLINE:?}; last lines: {tail:#?}",
+                    self.what,
+                    self.count_locked(&lines, pred)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn count_locked(&self, lines: &[String], pred: &dyn Fn(&str) -> bool) -> usize {
+        lines.iter().filter(|l| pred(l)).count()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An inotifywait line "EVENTS COOKIE PATH": does it report `event` for `path`?
+fn is(line: &str, event: &str, path: &Path) -> bool {
+    let mut parts = line.splitn(3, ' ');
+    let (Some(events), Some(_cookie), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    p == path.to_str().unwrap() && events.split(',').any(|e| e == event)
+}
+
+fn cookie(line: &str) -> &str {
+    line.split(' ').nth(1).unwrap()
+}
+
+fn status(mnt: &Path) -> String {
+    let out = Command::new(TETHER)
+        .arg("status")
+        .arg(mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// From `tether status`: host events (replayed, not watched in the guest, failed).
+fn replay_counts(mnt: &Path) -> (u64, u64, u64) {
+    let s = status(mnt);
+    let line = s
+        .lines()
+        .find_map(|l| l.strip_prefix("host events: on: "))
+        .unwrap_or_else(|| panic!("no host event counters in: {s}"));
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+fn inotifywait_available() -> bool {
+    Command::new("inotifywait")
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+macro_rules! require_inotifywait {
+    () => {
+        if !inotifywait_available() {
+            eprintln!("SKIPPED: inotifywait not installed (apt install inotify-tools)");
+            return;
+        }
+    };
+}
+
+/// Each kind of host change raises, in a guest watcher, the events the same change made
+/// locally would; the host's files stay exactly as the host left them.
+#[test]
+fn inotifywait_hears_every_kind_of_host_change() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    let w = Watcher::inotifywait(g);
+
+    fs::write(h.join("a.txt"), b"one").unwrap();
+    for ev in ["CREATE", "MODIFY", "CLOSE_WRITE"] {
+        w.wait_for(&format!("{ev} of a new file"), |l| {
+            is(l, ev, &g.join("a.txt"))
+        });
+    }
+    assert_eq!(fs::read(g.join("a.txt")).unwrap(), b"one");
+
+    // Append: a second MODIFY and CLOSE_WRITE, and the watcher reads the new content.
+    fs::OpenOptions::new()
+        .append(true)
+        .open(h.join("a.txt"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b" two"))
+        .unwrap();
+    w.wait_for_n("append", 2, &|l| is(l, "CLOSE_WRITE", &g.join("a.txt")));
+    assert_eq!(fs::read(g.join("a.txt")).unwrap(), b"one two");
+
+    fs::set_permissions(h.join("a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    w.wait_for("chmod", |l| is(l, "ATTRIB", &g.join("a.txt")));
+    let mtime = UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    // Both times: setting only the mtime is IN_MODIFY to inotify, both are IN_ATTRIB.
+    let times = fs::FileTimes::new().set_accessed(mtime).set_modified(mtime);
+    fs::File::open(h.join("a.txt"))
+        .unwrap()
+        .set_times(times)
+        .unwrap();
+    w.wait_for_n("utimes", 2, &|l| is(l, "ATTRIB", &g.join("a.txt")));
+    // The replays changed nothing on the host.
+    let m = fs::metadata(h.join("a.txt")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    assert_eq!(m.modified().unwrap(), mtime);
+    assert_eq!(fs::read(h.join("a.txt")).unwrap(), b"one two");
+    let gm = fs::metadata(g.join("a.txt")).unwrap();
+    assert_eq!((gm.mode() & 0o7777, gm.modified().unwrap()), (0o600, mtime));
+
+    // Rename within a directory: MOVED_FROM and MOVED_TO with one cookie.
+    fs::rename(h.join("a.txt"), h.join("b.txt")).unwrap();
+    let from = w.wait_for("rename from", |l| is(l, "MOVED_FROM", &g.join("a.txt")));
+    let to = w.wait_for("rename to", |l| is(l, "MOVED_TO", &g.join("b.txt")));
+    assert_eq!(cookie(&from), cookie(&to), "{from} / {to}");
+    assert_ne!(cookie(&from), "0");
+
+    fs::create_dir(h.join("d")).unwrap();
+    w.wait_for("mkdir", |l| {
+        is(l, "CREATE", &g.join("d")) && l.contains("ISDIR")
+    });
+    // inotifywait -r adds a watch on the new directory; make sure it is in place.
+    let _ = fs::metadata(g.join("d")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    // Rename across directories.
+    fs::rename(h.join("b.txt"), h.join("d/c.txt")).unwrap();
+    let from = w.wait_for("move from", |l| is(l, "MOVED_FROM", &g.join("b.txt")));
+    let to = w.wait_for("move to", |l| is(l, "MOVED_TO", &g.join("d/c.txt")));
+    assert_eq!(cookie(&from), cookie(&to), "{from} / {to}");
+
+    fs::remove_file(h.join("d/c.txt")).unwrap();
+    w.wait_for("delete", |l| is(l, "DELETE", &g.join("d/c.txt")));
+    fs::remove_dir(h.join("d")).unwrap();
+    w.wait_for("rmdir", |l| {
+        is(l, "DELETE", &g.join("d")) && l.contains("ISDIR")
+    });
+    assert!(fs::metadata(g.join("d")).is_err());
+
+    std::os::unix::fs::symlink("target", h.join("lnk")).unwrap();
+    w.wait_for("symlink", |l| is(l, "CREATE", &g.join("lnk")));
+    assert_eq!(
+        fs::read_link(g.join("lnk")).unwrap(),
+        Path::new("target"),
+        "the replayed creation did not replace the host's symlink"
+    );
+    assert_eq!(fs::read_link(h.join("lnk")).unwrap(), Path::new("target"));
+
+    // The guest's own change raises its local events once: nothing is echoed back.
+    fs::write(g.join("own.txt"), b"mine").unwrap();
+    w.wait_for("own close", |l| is(l, "CLOSE_WRITE", &g.join("own.txt")));
+    std::thread::sleep(Duration::from_millis(500));
+    for ev in ["CREATE", "MODIFY", "CLOSE_WRITE"] {
+        assert_eq!(
+            w.count(|l| is(l, ev, &g.join("own.txt"))),
+            1,
+            "{ev} of the guest's own write"
+        );
+    }
+    let (replayed, _, failed) = replay_counts(g);
+    assert!(
+        replayed >= 11,
+        "{replayed} replayed: one per host change above"
+    );
+    assert_eq!(failed, 0);
+}
+
+/// A change made through a second mount of the same export reaches a watcher of the first.
+#[test]
+fn changes_through_another_mount_are_heard() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start();
+    let other = t.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+    let _second = Mount::start(&address, &other, &[]);
+    let g = &t.mnt;
+    let w = Watcher::inotifywait(g);
+    fs::write(other.join("x"), b"from the other guest").unwrap();
+    w.wait_for("create", |l| is(l, "CREATE", &g.join("x")));
+    w.wait_for("close", |l| is(l, "CLOSE_WRITE", &g.join("x")));
+    assert_eq!(fs::read(g.join("x")).unwrap(), b"from the other guest");
+    fs::remove_file(other.join("x")).unwrap();
+    w.wait_for("delete", |l| is(l, "DELETE", &g.join("x")));
+}
+
+/// A common watcher library, Python's watchdog (inotify backend), sees host changes.
+#[test]
+fn python_watchdog_hears_host_changes() {
+    require_mount!();
+    let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import watchdog.observers.inotify"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    let Some(python) = python else {
+        eprintln!("SKIPPED: Python's watchdog is not installed (apt install python3-watchdog)");
+        return;
+    };
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    fs::create_dir(h.join("src")).unwrap();
+    let script = r#"
+import sys, time
+from watchdog.observers.inotify import InotifyObserver
+from watchdog.events import FileSystemEventHandler
+class H(FileSystemEventHandler):
+    def on_any_event(self, e):
+        print(e.event_type, "dir" if e.is_directory else "file", e.src_path, getattr(e, "dest_path", ""), flush=True)
+o = InotifyObserver()
+o.schedule(H(), sys.argv[1], recursive=True)
+o.start()
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"#;
+    let w = Watcher::start(
+        "watchdog",
+        python,
+        &["-u", "-c", script, g.to_str().unwrap()],
+        "ready",
+    );
+    let p = |rel: &str| g.join(rel).to_str().unwrap().to_string();
+    let has = |kind: &str, path: String| {
+        let want = format!("{kind} file {path}");
+        move |l: &str| l.starts_with(&want)
+    };
+    fs::write(h.join("src/app.js"), b"v1").unwrap();
+    w.wait_for("created", has("created", p("src/app.js")));
+    w.wait_for("closed", has("closed", p("src/app.js")));
+    fs::write(h.join("src/app.js"), b"v2").unwrap();
+    w.wait_for("modified", has("modified", p("src/app.js")));
+    fs::rename(h.join("src/app.js"), h.join("src/main.js")).unwrap();
+    w.wait_for("moved", |l: &str| {
+        l == format!("moved file {} {}", p("src/app.js"), p("src/main.js"))
+    });
+    fs::remove_file(h.join("src/main.js")).unwrap();
+    w.wait_for("deleted", has("deleted", p("src/main.js")));
+}
+
+/// A burst of host rewrites (a `git checkout` of 2,000 files) reaches the watcher whole,
+/// and a mount without watchers replays nothing.
+#[test]
+fn a_burst_of_host_rewrites_loses_nothing() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    fs::create_dir(h.join("tree")).unwrap();
+    const N: usize = 2000;
+    for i in 0..N {
+        fs::write(h.join(format!("tree/f{i}")), b"old").unwrap();
+    }
+    // Nobody watches yet: host changes are not replayed at all.
+    assert_eq!(fs::read_dir(g.join("tree")).unwrap().count(), N);
+    let (_, unwatched, _) = replay_counts(g);
+    fs::write(h.join("tree/f0"), b"unwatched").unwrap();
+    let start = Instant::now();
+    while replay_counts(g).1 == unwatched {
+        assert!(start.elapsed() < DEADLINE, "{}", status(g));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(replay_counts(g).0, 0, "replayed with nobody watching");
+
+    let w = Watcher::inotifywait(&g.join("tree"));
+    for i in 0..N {
+        fs::write(h.join(format!("tree/f{i}")), b"new content").unwrap();
+    }
+    let tree = g.join("tree");
+    let prefix = format!("{}/", tree.to_str().unwrap());
+    w.wait_for_n("CLOSE_WRITE of every rewritten file", N, &|l: &str| {
+        l.starts_with("CLOSE_WRITE") && l.contains(&prefix)
+    });
+    for i in [0, N / 2, N - 1] {
+        let name = tree.join(format!("f{i}"));
+        assert_eq!(w.count(|l| is(l, "CLOSE_WRITE", &name)), 1, "f{i}");
+        assert_eq!(fs::read(&name).unwrap(), b"new content");
+        assert_eq!(
+            fs::read(h.join(format!("tree/f{i}"))).unwrap(),
+            b"new content"
+        );
+    }
+    assert!(
+        w.count(|l| l.contains("Q_OVERFLOW")) == 0,
+        "the watcher's queue overflowed"
+    );
+}
+
+/// `--no-watch-events` turns replays off; invalidation still works.
+#[test]
+fn no_watch_events_turns_it_off() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start_with(&[], &["--no-watch-events"]);
+    let (h, g) = (&t.export, &t.mnt);
+    let w = Watcher::inotifywait(g);
+    fs::write(h.join("quiet"), b"q").unwrap();
+    let start = Instant::now();
+    while fs::metadata(g.join("quiet")).is_err() {
+        assert!(start.elapsed() < DEADLINE, "host create not visible");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // (stat raises no events; only a replay could have.)
+    assert_eq!(w.count(|l| l.contains("quiet")), 0);
+    assert!(status(g).contains("host events: off"), "{}", status(g));
+}
