@@ -11,7 +11,7 @@
 //! it describes may have been computed before that change, so it is not cached (TTL 0).
 //! Requests sent after the push was received were answered after the server saw the change.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,10 +24,14 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
 use tether_proto::{
-    decode_invalidate, push_op, FrameHeader, InvalidatePush, Invalidation, NodeId, ROOT_NODE,
+    decode_invalidate, push_op, FrameHeader, HostEvent, InvalidatePush, Invalidation, NodeId,
+    ROOT_NODE,
 };
 
 use crate::host_events::Replayer;
+
+/// Longest stretch of host-event replays between two looks at new pushes.
+const REPLAY_SLICE: Duration = Duration::from_millis(50);
 
 /// How long the kernel may keep what the server watches: "until revoked".
 pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -197,28 +201,47 @@ impl Coherence {
         notifier: Notifier,
         replayer: Option<&Replayer>,
     ) {
-        while let Ok(first) = rx.recv() {
-            // Coalesce a burst: everything queued so far, each invalidation once.
-            let (mut items, mut events) = (first.items, first.events);
-            while let Ok(more) = rx.try_recv() {
-                items.extend(more.items);
-                events.extend(more.events);
+        // Host events not replayed yet, and the name invalidations that must wait for them.
+        let mut backlog: VecDeque<HostEvent> = VecDeque::new();
+        let mut deferred: Vec<Invalidation> = Vec::new();
+        loop {
+            let mut pushes = Vec::new();
+            if backlog.is_empty() {
+                match rx.recv() {
+                    Ok(p) => pushes.push(p),
+                    Err(_) => return,
+                }
+            }
+            // Coalesce a burst: everything queued so far.
+            pushes.extend(rx.try_iter());
+            let mut items = Vec::new();
+            for push in pushes {
+                items.extend(push.items);
+                if let Some(r) = replayer {
+                    r.admit(&mut backlog, push.events);
+                }
             }
             let mut seen = HashSet::new();
             items.retain(|item| seen.insert(item.clone()));
-            match replayer {
-                Some(r) if !events.is_empty() => {
-                    // Content first, so that a watcher woken by an event reads the new data;
-                    // names last, so that a replayed removal still finds the name (and the
-                    // directories above it) the host has already removed.
-                    let (names, others): (Vec<_>, Vec<_>) = items
-                        .into_iter()
-                        .partition(|i| matches!(i, Invalidation::Entry { .. }));
-                    self.apply(others, &notifier);
-                    r.replay(&events, &notifier);
-                    self.apply(names, &notifier);
-                }
-                _ => self.apply(items, &notifier),
+            if backlog.is_empty() {
+                self.apply(items, &notifier);
+                continue;
+            }
+            // Content first, so that a watcher woken by an event reads the new data; names
+            // after the events before them are replayed, so that a replayed removal still
+            // finds the name (and the directories above it) that the host already removed.
+            let (names, others): (Vec<_>, Vec<_>) = items
+                .into_iter()
+                .partition(|i| matches!(i, Invalidation::Entry { .. }));
+            self.apply(others, &notifier);
+            deferred.extend(names);
+            if let Some(r) = replayer {
+                // A slice at a time, so that a long backlog never holds back the content
+                // invalidations of later pushes by more than one slice.
+                r.replay(&mut backlog, &notifier, REPLAY_SLICE);
+            }
+            if backlog.is_empty() {
+                self.apply(std::mem::take(&mut deferred), &notifier);
             }
         }
     }

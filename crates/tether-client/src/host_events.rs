@@ -15,7 +15,7 @@
 //! fanotify marks in /proc/*/fdinfo on this mount's device), so nothing is done when nobody
 //! watches.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -23,6 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fuser::{INodeNo, Notifier};
@@ -31,6 +32,11 @@ use tether_proto::{changed, Attr, EventKind, HostEvent, NodeId};
 /// Node ids from here up are ghosts: entries invented for the replaying thread to remove
 /// (the host already removed them). Server ids stay below (foreign ids count up from 2^63).
 pub const GHOST_BASE: NodeId = 0xC000_0000_0000_0000;
+
+/// Most host events waiting for replay (about 100 bytes each). A watcher's own inotify
+/// queue holds 16,384 events by default (fs.inotify.max_queued_events), so a watcher that
+/// falls that far behind gets IN_Q_OVERFLOW from its kernel long before this.
+pub const MAX_BACKLOG: usize = 1 << 20;
 
 /// How often a replay that raced with a guest lookup is retried after dropping the name.
 const RETRIES: usize = 3;
@@ -62,6 +68,8 @@ pub struct ReplayCounters {
     pub unwatched: AtomicU64,
     /// Replays that failed (the guest's view had moved on); their events are lost.
     pub failed: AtomicU64,
+    /// Host events dropped because the backlog was full.
+    pub dropped: AtomicU64,
 }
 
 pub struct Replayer {
@@ -123,66 +131,93 @@ impl Replayer {
         }
     }
 
-    /// Replays `events` where the guest watches; `notifier` drops a stale name when a
-    /// guest lookup raced with the replay.
-    pub fn replay(&self, events: &[HostEvent], notifier: &Notifier) {
+    /// Queues `events` for replay, unless the backlog is past [`MAX_BACKLOG`]: then those
+    /// events are dropped (and counted), since memory must stay bounded.
+    pub fn admit(&self, backlog: &mut VecDeque<HostEvent>, events: Vec<HostEvent>) {
+        if backlog.len() + events.len() > MAX_BACKLOG {
+            if self
+                .counters
+                .dropped
+                .fetch_add(events.len() as u64, Ordering::Relaxed)
+                == 0
+            {
+                tracing::warn!(
+                    "more than {MAX_BACKLOG} host changes wait to be replayed as inotify \
+                     events: dropping some (see `tether status`)"
+                );
+            }
+            return;
+        }
+        backlog.extend(events);
+    }
+
+    /// Replays events from the front of `backlog`, where the guest watches, for about
+    /// `slice` (at least one); `notifier` drops a stale name when a guest lookup raced with
+    /// the replay. Watches are read once per call, after the events arrived.
+    pub fn replay(&self, backlog: &mut VecDeque<HostEvent>, notifier: &Notifier, slice: Duration) {
         let Some(kdev) = *self.kdev.get_or_init(|| self.mount_kdev()) else {
+            backlog.clear();
             return;
         };
+        let start = Instant::now();
         let watches = GuestWatches::scan(kdev);
-        for ev in events {
-            let from_dir = match &ev.kind {
-                EventKind::Moved { from_dir, .. } => Some(*from_dir),
-                _ => None,
-            };
-            let watched = watches.covers(ev.dir)
-                || (ev.node != 0 && watches.covers(ev.node))
-                || from_dir.is_some_and(|d| watches.covers(d));
-            if !watched {
-                self.counters.unwatched.fetch_add(1, Ordering::Relaxed);
-                continue;
+        // Reading every process's descriptors can take milliseconds (a process with 10,000
+        // files open): keep scans to a tenth of the time in a long backlog.
+        let slice = slice.max(start.elapsed() * 10);
+        while let Some(ev) = backlog.pop_front() {
+            self.replay_watched(&ev, &watches, notifier);
+            if start.elapsed() >= slice {
+                break;
             }
-            let mut ok = false;
-            for attempt in 0..=RETRIES {
-                match self.replay_one(ev) {
-                    Ok(()) => {
-                        ok = true;
-                        break;
-                    }
-                    // The guest's dentry disagrees with the event (a guest lookup got the
-                    // new state first): drop the name(s) and try again.
-                    Err(e)
-                        if attempt < RETRIES
-                            && matches!(
-                                e.raw_os_error(),
-                                Some(libc::EEXIST | libc::ENOENT | libc::ENOTEMPTY)
-                            ) =>
-                    {
-                        let _ = notifier.inval_entry(INodeNo(ev.dir), OsStr::from_bytes(&ev.name));
-                        if let EventKind::Moved {
-                            from_dir,
-                            from_name,
-                            ..
-                        } = &ev.kind
-                        {
-                            let _ = notifier
-                                .inval_entry(INodeNo(*from_dir), OsStr::from_bytes(from_name));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(?ev, "replaying a host change failed: {e}");
-                        break;
-                    }
-                }
-            }
-            let counter = if ok {
-                &self.counters.replayed
-            } else {
-                &self.counters.failed
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
         }
         self.armed.lock().unwrap().names.clear();
+    }
+
+    fn replay_watched(&self, ev: &HostEvent, watches: &GuestWatches, notifier: &Notifier) {
+        let from_dir = match &ev.kind {
+            EventKind::Moved { from_dir, .. } => Some(*from_dir),
+            _ => None,
+        };
+        let watched = watches.covers(ev.dir)
+            || (ev.node != 0 && watches.covers(ev.node))
+            || from_dir.is_some_and(|d| watches.covers(d));
+        if !watched {
+            self.counters.unwatched.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        for attempt in 0..=RETRIES {
+            match self.replay_one(ev) {
+                Ok(()) => {
+                    self.counters.replayed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // The guest's dentry disagrees with the event (a guest lookup got the new
+                // state first): drop the name(s) and try again.
+                Err(e)
+                    if attempt < RETRIES
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EEXIST | libc::ENOENT | libc::ENOTEMPTY)
+                        ) =>
+                {
+                    let _ = notifier.inval_entry(INodeNo(ev.dir), OsStr::from_bytes(&ev.name));
+                    if let EventKind::Moved {
+                        from_dir,
+                        from_name,
+                        ..
+                    } = &ev.kind
+                    {
+                        let _ =
+                            notifier.inval_entry(INodeNo(*from_dir), OsStr::from_bytes(from_name));
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(?ev, "replaying a host change failed: {e}");
+                    break;
+                }
+            }
+        }
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
     }
 
     fn path(&self, dir_path: &[u8], name: &[u8]) -> PathBuf {

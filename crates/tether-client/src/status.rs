@@ -94,10 +94,11 @@ fn answer(
     };
     let events = match co.replayer.get() {
         Some(r) => format!(
-            "on: {} replayed as inotify events, {} not watched in the guest, {} failed",
+            "on: {} replayed as inotify events, {} not watched in the guest, {} failed, {} dropped",
             r.counters.replayed.load(Ordering::Relaxed),
             r.counters.unwatched.load(Ordering::Relaxed),
             r.counters.failed.load(Ordering::Relaxed),
+            r.counters.dropped.load(Ordering::Relaxed),
         ),
         None => "off".into(),
     };

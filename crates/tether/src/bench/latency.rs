@@ -66,6 +66,20 @@ impl Change {
         }
     }
 
+    /// The inotify event a watcher of the directory expects for this change (what the same
+    /// change made locally raises; setting only the mtime is IN_MODIFY).
+    fn event(self) -> (u32, &'static str) {
+        match self {
+            Change::Rewrite | Change::Append | Change::Truncate | Change::Utimes => {
+                (libc::IN_MODIFY, "IN_MODIFY")
+            }
+            Change::Chmod => (libc::IN_ATTRIB, "IN_ATTRIB"),
+            Change::Create | Change::Mkdir => (libc::IN_CREATE, "IN_CREATE"),
+            Change::Delete | Change::Rmdir => (libc::IN_DELETE, "IN_DELETE"),
+            Change::Rename => (libc::IN_MOVED_TO, "IN_MOVED_TO"),
+        }
+    }
+
     /// What the mount is polled for.
     fn check(self) -> &'static str {
         match self {
@@ -263,6 +277,98 @@ fn set_mtime(p: &Path, secs: i64) -> Result<()> {
     Ok(())
 }
 
+/// An inotify watch on the lab directory in the mount: what a guest file watcher sees.
+struct InotifyProbe {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl InotifyProbe {
+    fn new(dir: &Path) -> Result<InotifyProbe> {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: no preconditions; the descriptor is owned below.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("inotify_init1");
+        }
+        // SAFETY: a fresh descriptor.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+        // SAFETY: valid descriptor and C string.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                path.as_ptr(),
+                libc::IN_ALL_EVENTS,
+            )
+        };
+        if wd < 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot watch {}", dir.display()));
+        }
+        Ok(InotifyProbe { fd })
+    }
+
+    /// Events queued now, as (mask, name).
+    fn read(&self) -> Vec<(u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: buf is writable for its length.
+            let n = unsafe {
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if n <= 0 {
+                return out;
+            }
+            let mut pos = 0;
+            while pos + 16 <= n as usize {
+                let field = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
+                let (mask, len) = (field(pos + 4), field(pos + 12) as usize);
+                let name = &buf[pos + 16..pos + 16 + len];
+                let end = name.iter().position(|&b| b == 0).unwrap_or(len);
+                out.push((mask, name[..end].to_vec()));
+                pos += 16 + len;
+            }
+        }
+    }
+
+    /// Waits for `mask` on `name`; how long that took, or None after `timeout`.
+    fn wait(
+        &self,
+        mask: u32,
+        name: &str,
+        timeout: Duration,
+        intr: &Interrupt,
+    ) -> Result<Option<Duration>> {
+        let start = Instant::now();
+        loop {
+            if self
+                .read()
+                .iter()
+                .any(|(m, n)| m & mask != 0 && n == name.as_bytes())
+            {
+                return Ok(Some(start.elapsed()));
+            }
+            if start.elapsed() >= timeout {
+                return Ok(None);
+            }
+            intr.check()?;
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; 10 ms so that an interrupt is noticed.
+            unsafe { libc::poll(&mut pfd, 1, 10) };
+        }
+    }
+}
+
 /// Polls `check` until it holds (returns how long that took) or `timeout` passes.
 fn wait_for(
     mut check: impl FnMut() -> bool,
@@ -323,6 +429,8 @@ struct LatencyReport {
     trials: u32,
     timeout_s: f64,
     poll_us: u64,
+    /// Timed to an inotify event on the mount rather than to a poll showing the change.
+    inotify: bool,
     kinds: Vec<KindReport>,
     overall: Stats,
 }
@@ -389,7 +497,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         .zip(&tallies)
         .map(|(k, t)| KindReport {
             kind: k.name(),
-            check: k.check(),
+            check: if args.inotify { k.event().1 } else { k.check() },
             stats: stats(&t.samples, t.not_visible + t.setup_not_visible),
             setup_not_visible: t.setup_not_visible,
             stopped: t.stopped,
@@ -407,6 +515,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         trials: args.trials,
         timeout_s: args.timeout,
         poll_us: POLL.as_micros() as u64,
+        inotify: args.inotify,
         overall: stats(
             &all,
             tallies
@@ -453,6 +562,11 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
             setup_wait.as_secs()
         );
     }
+    let probe = if args.inotify {
+        Some(InotifyProbe::new(&lab.mount)?)
+    } else {
+        None
+    };
     let (bars, pb) = super::progress(u64::from(args.trials));
     let mut tallies: Vec<Tally> = KINDS.iter().map(|_| Tally::default()).collect();
     for i in 0..args.trials as usize {
@@ -473,9 +587,20 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
             t.setup_not_visible += 1;
             t.in_a_row += 1;
         } else {
+            if let Some(p) = &probe {
+                p.read(); // events of the checks above
+            }
             lab.change(kind, k)
                 .with_context(|| format!("{} #{k} on the host", kind.name()))?;
-            match wait_for(|| lab.holds(kind, k, true), timeout, intr)? {
+            let seen = match &probe {
+                Some(p) => {
+                    let (a, b) = Lab::names(kind, k);
+                    let name = if kind == Change::Rename { b } else { a };
+                    p.wait(kind.event().0, &name, timeout, intr)?
+                }
+                None => wait_for(|| lab.holds(kind, k, true), timeout, intr)?,
+            };
+            match seen {
                 Some(d) => {
                     t.samples.push(d);
                     t.in_a_row = 0;
@@ -516,18 +641,27 @@ fn fmt_ms(ms: Option<f64>) -> String {
 fn table(r: &LatencyReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
+    let how = if r.inotify {
+        "heard by an inotify watch on"
+    } else {
+        "polled through"
+    };
     let _ = writeln!(
         out,
-        "tether latency: changes made in {}, polled through {}",
+        "tether latency: changes made in {}, {how} {}",
         r.host, r.mount
     );
+    let poll = if r.inotify {
+        String::new()
+    } else {
+        format!("; polling every {} us", r.poll_us)
+    };
     let _ = writeln!(
         out,
-        "{} trials cycling through {} kinds; timeout {} s; polling every {} us\n",
+        "{} trials cycling through {} kinds; timeout {} s{poll}\n",
         r.trials,
         KINDS.len(),
         r.timeout_s,
-        r.poll_us
     );
     let mut rows = vec![[
         "kind",

@@ -67,6 +67,10 @@ pub struct LatencyArgs {
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Time until an inotify watch on MOUNTDIR reports each change (the event a local change
+    /// would raise), instead of until a poll of the mount shows it.
+    #[arg(long)]
+    pub inotify: bool,
 }
 
 /// A progress bar when both outputs are a terminal (and whether it is shown), a hidden one
