@@ -30,6 +30,12 @@ use tether_proto::{
 
 use crate::host_events::Replayer;
 
+/// Host events to replay, and the name invalidations that must wait for them.
+struct Replay {
+    events: Vec<HostEvent>,
+    names: Vec<Invalidation>,
+}
+
 /// Longest stretch of host-event replays between two looks at new pushes.
 const REPLAY_SLICE: Duration = Duration::from_millis(50);
 
@@ -175,23 +181,28 @@ impl Coherence {
     }
 
     /// Starts the thread that applies invalidations to the kernel and, with a `replayer`,
-    /// replays host events into the guest (see host_events.rs).
+    /// the thread that replays host events into the guest (see host_events.rs).
     pub fn start_applier(self: &Arc<Self>, notifier: Notifier, replayer: Option<Arc<Replayer>>) {
         let Some(rx) = self.pending.lock().unwrap().take() else {
             return;
         };
-        if let Some(r) = &replayer {
+        let replays = replayer.map(|r| {
             let _ = self.replayer.set(r.clone());
-        }
+            let (tx, rx) = channel();
+            let (me, notifier) = (self.clone(), notifier.clone());
+            std::thread::Builder::new()
+                .name("tether-replay".into())
+                .spawn(move || {
+                    r.bind_to_current_thread();
+                    me.replay_loop(rx, notifier, &r)
+                })
+                .expect("spawn replay thread");
+            tx
+        });
         let me = self.clone();
         std::thread::Builder::new()
             .name("tether-invalidate".into())
-            .spawn(move || {
-                if let Some(r) = &replayer {
-                    r.bind_to_current_thread();
-                }
-                me.apply_loop(rx, notifier, replayer.as_deref())
-            })
+            .spawn(move || me.apply_loop(rx, notifier, replays))
             .expect("spawn invalidation thread");
     }
 
@@ -199,47 +210,57 @@ impl Coherence {
         &self,
         rx: Receiver<InvalidatePush>,
         notifier: Notifier,
-        replayer: Option<&Replayer>,
+        replays: Option<Sender<Replay>>,
     ) {
-        // Host events not replayed yet, and the name invalidations that must wait for them.
-        let mut backlog: VecDeque<HostEvent> = VecDeque::new();
-        let mut deferred: Vec<Invalidation> = Vec::new();
-        loop {
-            let mut pushes = Vec::new();
-            if backlog.is_empty() {
-                match rx.recv() {
-                    Ok(p) => pushes.push(p),
-                    Err(_) => return,
-                }
-            }
-            // Coalesce a burst: everything queued so far.
-            pushes.extend(rx.try_iter());
-            let mut items = Vec::new();
-            for push in pushes {
-                items.extend(push.items);
-                if let Some(r) = replayer {
-                    r.admit(&mut backlog, push.events);
-                }
+        while let Ok(first) = rx.recv() {
+            // Coalesce a burst: everything queued so far, each invalidation once.
+            let (mut items, mut events) = (first.items, first.events);
+            for more in rx.try_iter() {
+                items.extend(more.items);
+                events.extend(more.events);
             }
             let mut seen = HashSet::new();
             items.retain(|item| seen.insert(item.clone()));
+            match &replays {
+                Some(tx) if !events.is_empty() => {
+                    // Content now, so that a watcher woken by an event reads the new data.
+                    // Names after the events are replayed, so that a replayed removal still
+                    // finds the name (and the directories above it) the host removed.
+                    let (names, others): (Vec<_>, Vec<_>) = items
+                        .into_iter()
+                        .partition(|i| matches!(i, Invalidation::Entry { .. }));
+                    self.apply(others, &notifier);
+                    if let Err(std::sync::mpsc::SendError(Replay { names, .. })) =
+                        tx.send(Replay { events, names })
+                    {
+                        self.apply(names, &notifier);
+                    }
+                }
+                _ => self.apply(items, &notifier),
+            }
+        }
+    }
+
+    /// Replays host events a slice at a time, then applies the name invalidations that
+    /// waited for them. Runs on its own thread, so that content invalidations never wait
+    /// for a replay (or for the scan of guest watchers before it).
+    fn replay_loop(&self, rx: Receiver<Replay>, notifier: Notifier, r: &Replayer) {
+        let mut backlog: VecDeque<HostEvent> = VecDeque::new();
+        let mut deferred: Vec<Invalidation> = Vec::new();
+        loop {
+            let mut work = Vec::new();
             if backlog.is_empty() {
-                self.apply(items, &notifier);
-                continue;
+                match rx.recv() {
+                    Ok(w) => work.push(w),
+                    Err(_) => return,
+                }
             }
-            // Content first, so that a watcher woken by an event reads the new data; names
-            // after the events before them are replayed, so that a replayed removal still
-            // finds the name (and the directories above it) that the host already removed.
-            let (names, others): (Vec<_>, Vec<_>) = items
-                .into_iter()
-                .partition(|i| matches!(i, Invalidation::Entry { .. }));
-            self.apply(others, &notifier);
-            deferred.extend(names);
-            if let Some(r) = replayer {
-                // A slice at a time, so that a long backlog never holds back the content
-                // invalidations of later pushes by more than one slice.
-                r.replay(&mut backlog, &notifier, REPLAY_SLICE);
+            work.extend(rx.try_iter());
+            for w in work {
+                r.admit(&mut backlog, w.events);
+                deferred.extend(w.names);
             }
+            r.replay(&mut backlog, &notifier, REPLAY_SLICE);
             if backlog.is_empty() {
                 self.apply(std::mem::take(&mut deferred), &notifier);
             }
