@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +16,10 @@ use super::nodes::Node;
 use super::ops::ExportFs;
 use super::sys;
 use super::watch::{changed_bits, name_change, Batch, NameChange};
+
+/// Files with someone else's change not yet closed that are remembered at most (a writer
+/// that never closes, or a file deleted first, is forgotten when the table is full).
+const MAX_FOREIGN_WRITERS: usize = 65_536;
 
 /// One batch of changes for the client.
 #[derive(Debug, Default)]
@@ -104,25 +107,32 @@ impl ExportFs {
                     };
                     let bits = changed_bits(ev.mask);
                     let key = (ev.dir, name.clone());
+                    let file = (st.st_dev, st.st_ino);
+                    let closing = ev.mask & libc::IN_CLOSE_WRITE != 0;
                     let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
-                        Some(child) => {
-                            if self.changed_since_sync(&child) {
-                                c.invalidate(Invalidation::Inode(child.id));
-                                // Its writer's close, if it has one, is someone else's too.
-                                child.foreign_write.store(true, Ordering::Relaxed);
-                                true
-                            } else {
-                                // Unchanged since the client was last told: the echo of its
-                                // own change, unless someone else's write is being closed or
-                                // this batch already holds someone else's change to it.
-                                c.changed_at.contains_key(&key)
-                                    || (ev.mask & libc::IN_CLOSE_WRITE != 0
-                                        && child.foreign_write.swap(false, Ordering::Relaxed))
-                            }
+                        Some(child) if self.changed_since_sync(&child) => {
+                            c.invalidate(Invalidation::Inode(child.id));
+                            true
+                        }
+                        // Unchanged since the client was last told: the echo of its own
+                        // change, unless this batch already holds someone else's change to
+                        // it or someone else's write to it is being closed.
+                        Some(_) => {
+                            c.changed_at.contains_key(&key)
+                                || (closing && self.foreign_writers.contains_key(&file))
                         }
                         // The client holds no node for it, so the change cannot be its own.
                         None => true,
                     };
+                    if foreign {
+                        // Remember the writer until it closes: by then the content may look
+                        // synced (a lookup in between), yet the close is still someone else's.
+                        if closing {
+                            self.foreign_writers.remove(&file);
+                        } else if self.foreign_writers.len() < MAX_FOREIGN_WRITERS {
+                            self.foreign_writers.insert(file, ());
+                        }
+                    }
                     if foreign && self.host_events {
                         let node = self.nodes.id_for(st.st_dev, st.st_ino);
                         let file_type = st.st_mode & libc::S_IFMT;

@@ -45,9 +45,6 @@ pub struct Node {
     pub synced_ctime: Mutex<(i64, i64)>,
     /// A directory with an inotify watch: changes in it are pushed to the client.
     pub watched: AtomicBool,
-    /// Someone else wrote to this file and has not closed it yet: their IN_CLOSE_WRITE is
-    /// a host event even though the content is already synced.
-    pub foreign_write: AtomicBool,
 }
 
 impl Node {
@@ -159,7 +156,6 @@ impl NodeTable {
             budget: budget.clone(),
             synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
             watched: AtomicBool::new(false),
-            foreign_write: AtomicBool::new(false),
         });
         budget.opened(&root);
         table.nodes.insert(ROOT_NODE, root);
@@ -225,7 +221,6 @@ impl NodeTable {
                     budget: self.budget.clone(),
                     synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
                     watched: AtomicBool::new(false),
-                    foreign_write: AtomicBool::new(false),
                 })
             });
             let node = slot.value_mut();

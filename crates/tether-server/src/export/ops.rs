@@ -35,6 +35,8 @@ pub struct ExportFs {
     pub watcher: Option<Watcher>,
     /// The client also wants the host changes behind the invalidations (HOST_EVENTS).
     pub host_events: bool,
+    /// Files (dev, ino) someone other than this session changed and has not closed yet.
+    pub(super) foreign_writers: DashMap<(u64, u64), ()>,
 }
 
 /// Checks a single path component from the guest.
@@ -104,6 +106,7 @@ impl ExportFs {
             handles: DashMap::new(),
             next_handle: AtomicU64::new(1),
             host_events: host_events && watcher.is_some(),
+            foreign_writers: DashMap::new(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
