@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Mount, TestMount, TETHER};
+use common::{status, Mount, TestMount};
 
 /// Far longer than any deadline below: without invalidation nothing would change in time.
 const NO_TIMEOUT: &[&str] = &["--attr-timeout", "3600"];
@@ -183,20 +183,6 @@ fn changes_through_a_second_mount_are_seen_promptly() {
     visible("create seen by the first mount's writer's peer", || {
         read(&b.join("back")).as_deref() == Some(b"x")
     });
-}
-
-fn status(mnt: &Path) -> String {
-    let out = Command::new(TETHER)
-        .arg("status")
-        .arg(mnt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn counter(report: &str, key: &str) -> u64 {

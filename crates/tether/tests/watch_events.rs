@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use common::{Mount, TestMount, TETHER};
+use common::{status, Mount, TestMount};
 
 /// Far longer than the 50 ms the issue asks at p99 (the bench measures that); long enough
 /// for a loaded CI machine.
@@ -117,16 +117,6 @@ fn is(line: &str, event: &str, path: &Path) -> bool {
 
 fn cookie(line: &str) -> &str {
     line.split(' ').nth(1).unwrap()
-}
-
-fn status(mnt: &Path) -> String {
-    let out = Command::new(TETHER)
-        .arg("status")
-        .arg(mnt)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// From `tether status`: host events (replayed, not watched in the guest, failed).

@@ -86,6 +86,21 @@ impl Drop for Server {
     }
 }
 
+/// The report of `tether status MNT`.
+pub fn status(mnt: &Path) -> String {
+    let out = Command::new(TETHER)
+        .arg("status")
+        .arg(mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub fn is_mounted(mnt: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let want = mnt.to_string_lossy();
