@@ -11,14 +11,14 @@
 //! it describes may have been computed before that change, so it is not cached (TTL 0).
 //! Requests sent after the push was received were answered after the server saw the change.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -28,13 +28,16 @@ use tether_proto::{
     ROOT_NODE,
 };
 
-use crate::host_events::Replayer;
+use crate::host_events::{Backlog, Replayer};
 
 /// Host events to replay, and the name invalidations that must wait for them.
 struct Replay {
     events: Vec<HostEvent>,
     names: Vec<Invalidation>,
 }
+
+/// Longest a name invalidation waits for the replays before it.
+const NAMES_WAIT_AT_MOST: Duration = Duration::from_millis(200);
 
 /// Longest stretch of host-event replays between two looks at new pushes.
 const REPLAY_SLICE: Duration = Duration::from_millis(50);
@@ -245,8 +248,9 @@ impl Coherence {
     /// waited for them. Runs on its own thread, so that content invalidations never wait
     /// for a replay (or for the scan of guest watchers before it).
     fn replay_loop(&self, rx: Receiver<Replay>, notifier: Notifier, r: &Replayer) {
-        let mut backlog: VecDeque<HostEvent> = VecDeque::new();
+        let mut backlog = Backlog::default();
         let mut deferred: Vec<Invalidation> = Vec::new();
+        let mut deferred_since = Instant::now();
         loop {
             let mut work = Vec::new();
             if backlog.is_empty() {
@@ -258,10 +262,16 @@ impl Coherence {
             work.extend(rx.try_iter());
             for w in work {
                 r.admit(&mut backlog, w.events);
+                if deferred.is_empty() {
+                    deferred_since = Instant::now();
+                }
                 deferred.extend(w.names);
             }
             r.replay(&mut backlog, &notifier, REPLAY_SLICE);
-            if backlog.is_empty() {
+            // Names wait for their replays, but never long: a sustained burst would keep
+            // them stale. Past the limit a replayed removal in a directory the host already
+            // removed may fail; every other replay still finds its way.
+            if backlog.is_empty() || deferred_since.elapsed() >= NAMES_WAIT_AT_MOST {
                 self.apply(std::mem::take(&mut deferred), &notifier);
             }
         }

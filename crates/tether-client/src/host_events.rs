@@ -16,8 +16,9 @@
 //! watches.
 
 use std::collections::{HashSet, VecDeque};
-use std::ffi::{CString, OsStr};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -33,10 +34,10 @@ use tether_proto::{changed, Attr, EventKind, HostEvent, NodeId};
 /// (the host already removed them). Server ids stay below (foreign ids count up from 2^63).
 pub const GHOST_BASE: NodeId = 0xC000_0000_0000_0000;
 
-/// Most host events waiting for replay (about 100 bytes each). A watcher's own inotify
-/// queue holds 16,384 events by default (fs.inotify.max_queued_events), so a watcher that
-/// falls that far behind gets IN_Q_OVERFLOW from its kernel long before this.
-pub const MAX_BACKLOG: usize = 1 << 20;
+/// Most bytes of host events waiting for replay. A watcher's own inotify queue holds 16,384
+/// events by default (fs.inotify.max_queued_events), so a watcher that falls that far
+/// behind gets IN_Q_OVERFLOW from its kernel long before this.
+pub const MAX_BACKLOG_BYTES: usize = 64 << 20;
 
 /// How often a replay that raced with a guest lookup is retried after dropping the name.
 const RETRIES: usize = 3;
@@ -72,14 +73,74 @@ pub struct ReplayCounters {
     pub dropped: AtomicU64,
 }
 
+/// Host events waiting for replay, bounded in bytes.
+#[derive(Default)]
+pub struct Backlog {
+    events: VecDeque<HostEvent>,
+    bytes: usize,
+}
+
+impl Backlog {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    fn pop(&mut self) -> Option<HostEvent> {
+        let ev = self.events.pop_front()?;
+        self.bytes -= event_bytes(&ev);
+        Some(ev)
+    }
+}
+
+fn event_bytes(ev: &HostEvent) -> usize {
+    let from = match &ev.kind {
+        EventKind::Moved {
+            from_path,
+            from_name,
+            ..
+        } => from_path.len() + from_name.len(),
+        _ => 0,
+    };
+    std::mem::size_of::<HostEvent>() + ev.dir_path.len() + ev.name.len() + from
+}
+
+/// The same event, owning its bytes (decoded events share their whole push frame).
+fn detached(ev: HostEvent) -> HostEvent {
+    let own = |b: &Bytes| Bytes::copy_from_slice(b);
+    HostEvent {
+        dir_path: own(&ev.dir_path),
+        name: own(&ev.name),
+        kind: match &ev.kind {
+            EventKind::Moved {
+                from_dir,
+                from_path,
+                from_name,
+            } => EventKind::Moved {
+                from_dir: *from_dir,
+                from_path: own(from_path),
+                from_name: own(from_name),
+            },
+            k => k.clone(),
+        },
+        ..ev
+    }
+}
+
+/// The mount's device: as stat reports it, and in the kernel's own encoding
+/// (major << 20 | minor), which is how fdinfo prints a mark's device.
+#[derive(Clone, Copy)]
+struct MountDev {
+    dev: u64,
+    kdev: u64,
+}
+
 pub struct Replayer {
     mountpoint: PathBuf,
     /// Thread id of the replaying thread (0 until it starts).
     tid: AtomicI32,
     armed: Mutex<Armed>,
     next_ghost: AtomicU64,
-    /// The mount's device as fdinfo prints it (the kernel's encoding of s_dev).
-    kdev: OnceLock<Option<u64>>,
+    dev: OnceLock<Option<MountDev>>,
     pub counters: ReplayCounters,
 }
 
@@ -90,7 +151,7 @@ impl Replayer {
             tid: AtomicI32::new(0),
             armed: Mutex::new(Armed::default()),
             next_ghost: AtomicU64::new(GHOST_BASE),
-            kdev: OnceLock::new(),
+            dev: OnceLock::new(),
             counters: ReplayCounters::default(),
         }
     }
@@ -131,41 +192,51 @@ impl Replayer {
         }
     }
 
-    /// Queues `events` for replay, unless the backlog is past [`MAX_BACKLOG`]: then those
-    /// events are dropped (and counted), since memory must stay bounded.
-    pub fn admit(&self, backlog: &mut VecDeque<HostEvent>, events: Vec<HostEvent>) {
-        if backlog.len() + events.len() > MAX_BACKLOG {
-            if self
-                .counters
-                .dropped
-                .fetch_add(events.len() as u64, Ordering::Relaxed)
-                == 0
-            {
-                tracing::warn!(
-                    "more than {MAX_BACKLOG} host changes wait to be replayed as inotify \
-                     events: dropping some (see `tether status`)"
-                );
+    /// Queues `events` for replay, unless that would take the backlog past
+    /// [`MAX_BACKLOG_BYTES`]: then those events are dropped (and counted).
+    pub fn admit(&self, backlog: &mut Backlog, events: Vec<HostEvent>) {
+        for ev in events {
+            let ev = detached(ev);
+            let size = event_bytes(&ev);
+            if backlog.bytes + size > MAX_BACKLOG_BYTES {
+                if self.counters.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        "more than {} MiB of host changes wait to be replayed as inotify \
+                         events: dropping some (see `tether status`)",
+                        MAX_BACKLOG_BYTES >> 20
+                    );
+                }
+                continue;
             }
-            return;
+            backlog.bytes += size;
+            backlog.events.push_back(ev);
         }
-        backlog.extend(events);
     }
 
     /// Replays events from the front of `backlog`, where the guest watches, for about
     /// `slice` (at least one); `notifier` drops a stale name when a guest lookup raced with
     /// the replay. Watches are read once per call, after the events arrived.
-    pub fn replay(&self, backlog: &mut VecDeque<HostEvent>, notifier: &Notifier, slice: Duration) {
-        let Some(kdev) = *self.kdev.get_or_init(|| self.mount_kdev()) else {
-            backlog.clear();
+    pub fn replay(&self, backlog: &mut Backlog, notifier: &Notifier, slice: Duration) {
+        let Some(dev) = *self.dev.get_or_init(|| self.mount_dev()) else {
+            *backlog = Backlog::default();
             return;
         };
         let start = Instant::now();
-        let watches = GuestWatches::scan(kdev);
+        let watches = GuestWatches::scan(dev.kdev);
         // Reading every process's descriptors can take milliseconds (a process with 10,000
         // files open): keep scans to a tenth of the time in a long backlog.
         let slice = slice.max(start.elapsed() * 10);
-        while let Some(ev) = backlog.pop_front() {
-            self.replay_watched(&ev, &watches, notifier);
+        // The mount root, opened for this slice only (an open file keeps a mount busy).
+        let root = match self.open_root(dev) {
+            Ok(root) => root,
+            Err(e) => {
+                tracing::debug!("cannot open the mount root to replay host events: {e}");
+                *backlog = Backlog::default();
+                return;
+            }
+        };
+        while let Some(ev) = backlog.pop() {
+            self.replay_watched(&ev, &watches, &root, dev, notifier);
             if start.elapsed() >= slice {
                 break;
             }
@@ -173,9 +244,17 @@ impl Replayer {
         self.armed.lock().unwrap().names.clear();
     }
 
-    fn replay_watched(&self, ev: &HostEvent, watches: &GuestWatches, notifier: &Notifier) {
+    fn replay_watched(
+        &self,
+        ev: &HostEvent,
+        watches: &GuestWatches,
+        root: &OwnedFd,
+        dev: MountDev,
+        notifier: &Notifier,
+    ) {
         let from_dir = match &ev.kind {
             EventKind::Moved { from_dir, .. } => Some(*from_dir),
+            EventKind::Changed(0) => return, // nothing to raise
             _ => None,
         };
         let watched = watches.covers(ev.dir)
@@ -186,7 +265,7 @@ impl Replayer {
             return;
         }
         for attempt in 0..=RETRIES {
-            match self.replay_one(ev) {
+            match self.replay_one(ev, root, dev) {
                 Ok(()) => {
                     self.counters.replayed.fetch_add(1, Ordering::Relaxed);
                     return;
@@ -220,49 +299,91 @@ impl Replayer {
         self.counters.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn path(&self, dir_path: &[u8], name: &[u8]) -> PathBuf {
-        let mut p = self.mountpoint.clone();
-        if !dir_path.is_empty() {
-            p.push(OsStr::from_bytes(dir_path));
-        }
-        p.push(OsStr::from_bytes(name));
-        p
-    }
-
     fn arm(&self, names: Vec<(NodeId, Bytes, ReplayLookup)>) {
         self.armed.lock().unwrap().names = names;
     }
 
-    fn replay_one(&self, ev: &HostEvent) -> std::io::Result<()> {
-        let path = self.path(&ev.dir_path, &ev.name);
-        let name = ev.name.clone();
+    fn open_root(&self, dev: MountDev) -> io::Result<OwnedFd> {
+        let path = cpath(&self.mountpoint)?;
+        let root = openat(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY)?;
+        let st = fstat(&root)?;
+        if st.st_dev != dev.dev || st.st_ino != tether_proto::ROOT_NODE {
+            return Err(io::Error::other(
+                "the mount point no longer shows this mount",
+            ));
+        }
+        Ok(root)
+    }
+
+    /// Opens directory `dir_path` (from the server) below the mount root one component at
+    /// a time, never following a symlink or leaving the mount, and checks that it is node
+    /// `dir`: a replay acts on that directory of this mount or not at all, whatever the
+    /// host (or a hostile server) did to the path meanwhile.
+    fn open_dir(
+        &self,
+        root: &OwnedFd,
+        dev: MountDev,
+        dir_path: &[u8],
+        dir: NodeId,
+    ) -> io::Result<OwnedFd> {
+        let mut fd = openat(root.as_raw_fd(), c".", libc::O_PATH | libc::O_DIRECTORY)?;
+        if !dir_path.is_empty() {
+            for part in dir_path.split(|&b| b == b'/') {
+                let part = component(part)?;
+                fd = openat(
+                    fd.as_raw_fd(),
+                    &part,
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                )?;
+            }
+        }
+        let st = fstat(&fd)?;
+        if st.st_dev != dev.dev || st.st_ino != dir {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        Ok(fd)
+    }
+
+    fn replay_one(&self, ev: &HostEvent, root: &OwnedFd, dev: MountDev) -> io::Result<()> {
+        let dir = self.open_dir(root, dev, &ev.dir_path, ev.dir)?;
+        let name = component(&ev.name)?;
+        let d = dir.as_raw_fd();
         match &ev.kind {
             EventKind::Created => {
-                self.arm(vec![(ev.dir, name, ReplayLookup::Absent)]);
-                create_like(&path, ev.file_type)
+                self.arm(vec![(ev.dir, ev.name.clone(), ReplayLookup::Absent)]);
+                // SAFETY (all three): valid descriptor and C strings.
+                check(match ev.file_type {
+                    libc::S_IFDIR => unsafe { libc::mkdirat(d, name.as_ptr(), 0o755) },
+                    // The target is not used: the handler answers with the host's symlink.
+                    libc::S_IFLNK => unsafe { libc::symlinkat(c".".as_ptr(), d, name.as_ptr()) },
+                    t => unsafe { libc::mknodat(d, name.as_ptr(), t | 0o644, 0) },
+                })
             }
             EventKind::Deleted => {
                 self.arm(vec![(
                     ev.dir,
-                    name,
+                    ev.name.clone(),
                     ReplayLookup::Present {
                         dir: 0,
                         name: Bytes::new(),
                         file_type: ev.file_type,
                     },
                 )]);
-                if ev.file_type == libc::S_IFDIR {
-                    std::fs::remove_dir(&path)
+                let flags = if ev.file_type == libc::S_IFDIR {
+                    libc::AT_REMOVEDIR
                 } else {
-                    std::fs::remove_file(&path)
-                }
+                    0
+                };
+                // SAFETY: valid descriptor and C string.
+                check(unsafe { libc::unlinkat(d, name.as_ptr(), flags) })
             }
             EventKind::Moved {
                 from_dir,
                 from_path,
                 from_name,
             } => {
-                let from = self.path(from_path, from_name);
+                let from = self.open_dir(root, dev, from_path, *from_dir)?;
+                let from_c = component(from_name)?;
                 self.arm(vec![
                     (
                         *from_dir,
@@ -273,26 +394,30 @@ impl Replayer {
                             file_type: ev.file_type,
                         },
                     ),
-                    (ev.dir, name, ReplayLookup::Absent),
+                    (ev.dir, ev.name.clone(), ReplayLookup::Absent),
                 ]);
-                std::fs::rename(&from, &path)
+                // SAFETY: valid descriptors and C strings.
+                check(unsafe {
+                    libc::renameat(from.as_raw_fd(), from_c.as_ptr(), d, name.as_ptr())
+                })
             }
             EventKind::Changed(bits) => {
                 self.arm(Vec::new());
-                replay_change(&path, *bits)
+                replay_change(d, &name, *bits)
             }
         }
     }
 
-    /// The mount's device in the kernel's own encoding (major << 20 | minor), which is how
-    /// fdinfo prints a mark's device.
-    fn mount_kdev(&self) -> Option<u64> {
+    fn mount_dev(&self) -> Option<MountDev> {
         match std::fs::metadata(&self.mountpoint) {
             Ok(m) => {
                 let dev = m.dev();
                 let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
                 let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
-                Some((major << 20) | minor)
+                Some(MountDev {
+                    dev,
+                    kdev: (major << 20) | minor,
+                })
             }
             Err(e) => {
                 tracing::warn!(
@@ -304,77 +429,105 @@ impl Replayer {
     }
 }
 
-fn cpath(path: &Path) -> std::io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+/// A name from the server, checked: one path component.
+fn component(name: &[u8]) -> io::Result<CString> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
-fn check(rc: libc::c_int) -> std::io::Result<()> {
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(std::io::Error::last_os_error())
+        Err(io::Error::last_os_error())
     }
 }
 
-/// Creates `path` as a file of `file_type`; the handler answers with what the host made.
-fn create_like(path: &Path, file_type: u32) -> std::io::Result<()> {
-    match file_type {
-        libc::S_IFDIR => std::fs::create_dir(path),
-        // The target is not used: the handler answers with the host's symlink.
-        libc::S_IFLNK => std::os::unix::fs::symlink(".", path),
-        t => {
-            let c = cpath(path)?;
-            // SAFETY: valid C string.
-            check(unsafe { libc::mknod(c.as_ptr(), t | 0o644, 0) })
-        }
+fn openat(dir: libc::c_int, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: valid C string; the descriptor is owned below.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
+    // SAFETY: a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid descriptor and writable buffer.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded.
+    Ok(unsafe { st.assume_init() })
 }
 
 /// Raises IN_OPEN, IN_MODIFY, IN_ATTRIB and IN_CLOSE_WRITE (as `bits` say, in the order a
-/// local writer raises them) for `path`, with operations that leave it as it is: open for
-/// writing, truncate to its size, chmod to its mode (lchown to its owner for a symlink),
-/// close.
-fn replay_change(path: &Path, bits: u8) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
-    let c = cpath(path)?;
-    let regular = meta.file_type().is_file();
-    let size = meta.len() as libc::off_t;
-    let fd = if bits & changed::CLOSE_WRITE != 0 && regular {
-        // SAFETY: valid C string; the descriptor is closed below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+/// local writer raises them) for `name` in directory `dir`, with operations that leave it
+/// as it is and never follow a symlink: open for writing; set the mtime to itself (setting
+/// the mtime alone is IN_MODIFY to inotify); set both times to themselves (IN_ATTRIB);
+/// close. Only the open takes write access, and it is skipped for executable files: even a
+/// moment of it would make a concurrent exec of the file fail with ETXTBSY.
+fn replay_change(dir: libc::c_int, name: &CStr, bits: u8) -> io::Result<()> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid descriptor, C string and writable buffer.
+    check(unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded.
+    let st = unsafe { st.assume_init() };
+    let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+    let executable = st.st_mode & 0o111 != 0;
+    let writer = if bits & changed::CLOSE_WRITE != 0 && regular && !executable {
+        Some(openat(
+            dir,
+            name,
+            libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )?)
     } else {
         None
     };
-    if bits & changed::MODIFY != 0 && regular {
-        // SAFETY: valid C string / our own descriptor.
+    let atime = libc::timespec {
+        tv_sec: st.st_atime,
+        tv_nsec: st.st_atime_nsec,
+    };
+    let mtime = libc::timespec {
+        tv_sec: st.st_mtime,
+        tv_nsec: st.st_mtime_nsec,
+    };
+    let omit = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    let set_times = |times: [libc::timespec; 2]| {
+        // SAFETY: valid descriptor, C string and two timespecs.
         check(unsafe {
-            match &fd {
-                Some(fd) => libc::ftruncate(fd.as_raw_fd(), size),
-                None => libc::truncate(c.as_ptr(), size),
-            }
-        })?;
+            libc::utimensat(
+                dir,
+                name.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })
+    };
+    if bits & changed::MODIFY != 0 {
+        set_times([omit, mtime])?;
     }
     if bits & changed::ATTRIB != 0 {
-        if meta.file_type().is_symlink() {
-            // SAFETY: valid C string.
-            check(unsafe { libc::lchown(c.as_ptr(), meta.uid(), meta.gid()) })?;
-        } else {
-            // SAFETY: valid C string.
-            check(unsafe { libc::chmod(c.as_ptr(), meta.mode() & 0o7777) })?;
-        }
+        set_times([atime, mtime])?;
     }
-    drop(fd); // IN_CLOSE_WRITE
+    drop(writer); // IN_CLOSE_WRITE
     Ok(())
 }
 
@@ -484,6 +637,55 @@ mod tests {
         assert!(!w.everything, "the fdinfo header's mnt_id is not a mark");
         w.add_marks("fanotify sdev:2e mflags:0 mask:1 ignored_mask:0\n", 0x2e);
         assert!(w.covers(12345), "a file system mark covers everything");
+    }
+
+    #[test]
+    fn replays_stay_on_the_named_directory_and_never_follow_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root_path = tmp.path().join("root");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(root_path.join("sub")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root_path.join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root_path.join("sub/file-link")).unwrap();
+        let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+        let dev = MountDev {
+            dev: meta(&root_path).dev(),
+            kdev: 0,
+        };
+        let r = Replayer::new(&root_path);
+        let root = openat(
+            libc::AT_FDCWD,
+            &cpath(&root_path).unwrap(),
+            libc::O_PATH | libc::O_DIRECTORY,
+        )
+        .unwrap();
+        let sub_ino = meta(&root_path.join("sub")).ino();
+        assert!(r.open_dir(&root, dev, b"sub", sub_ino).is_ok());
+        // The right path to another directory than the event's.
+        assert!(r.open_dir(&root, dev, b"sub", sub_ino + 1).is_err());
+        // A symlink on the way, even to the very directory the event names.
+        let outside_ino = meta(&outside).ino();
+        assert!(r.open_dir(&root, dev, b"link", outside_ino).is_err());
+        for bad in [
+            &b"../outside"[..],
+            b"/etc",
+            b"sub/..",
+            b"sub//x",
+            b"sub/\0x",
+            b".",
+        ] {
+            let e = r.open_dir(&root, dev, bad, outside_ino).unwrap_err();
+            assert!(e.raw_os_error().is_some(), "{bad:?}: {e}");
+        }
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
+            assert!(component(bad).is_err(), "{bad:?}");
+        }
+        // A content replay on a symlink changes the symlink's view only, never its target.
+        let sub = r.open_dir(&root, dev, b"sub", sub_ino).unwrap();
+        let before = meta(Path::new("/etc/passwd")).mtime_nsec();
+        replay_change(sub.as_raw_fd(), c"file-link", changed::ALL).unwrap();
+        assert_eq!(meta(Path::new("/etc/passwd")).mtime_nsec(), before);
     }
 
     #[test]

@@ -54,6 +54,7 @@ impl Mounted {
         if conn.hello.features & tether_proto::handshake::features::PUSH_INVALIDATE != 0 {
             co.enable();
         }
+        let read_only = opts.read_only || conn.hello.read_only;
         let mut options = vec![
             MountOption::FSName(opts.fs_name.clone()),
             MountOption::Subtype("tether".into()),
@@ -64,7 +65,7 @@ impl Mounted {
             // the next stat go to the server.
             MountOption::NoAtime,
         ];
-        if opts.read_only || conn.hello.read_only {
+        if read_only {
             options.push(MountOption::RO);
         }
         let mut config = Config::default();
@@ -78,7 +79,9 @@ impl Mounted {
         };
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
+        // Replays need a writable mount: the kernel refuses them on a read-only one.
         let replayer = (opts.watch_events
+            && !read_only
             && conn.hello.features & tether_proto::handshake::features::HOST_EVENTS != 0)
             .then(|| -> io::Result<_> { Ok(Arc::new(Replayer::new(&mountpoint.canonicalize()?))) })
             .transpose()?;

@@ -246,6 +246,22 @@ fn inotifywait_hears_every_kind_of_host_change() {
             "{ev} of the guest's own write"
         );
     }
+    // Nor after the guest renamed or hard-linked its file (both change its ctime).
+    fs::rename(g.join("own.txt"), g.join("own2.txt")).unwrap();
+    fs::hard_link(g.join("own2.txt"), g.join("own-link")).unwrap();
+    fs::remove_file(g.join("own-link")).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(g.join("own2.txt"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b" more"))
+        .unwrap();
+    w.wait_for("own append", |l| is(l, "CLOSE_WRITE", &g.join("own2.txt")));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        w.count(|l| is(l, "MODIFY", &g.join("own2.txt"))),
+        1,
+        "MODIFY of the guest's own append after a rename and a link"
+    );
     let (replayed, _, failed) = replay_counts(g);
     assert!(
         replayed >= 11,
@@ -396,4 +412,48 @@ fn no_watch_events_turns_it_off() {
     // (stat raises no events; only a replay could have.)
     assert_eq!(w.count(|l| l.contains("quiet")), 0);
     assert!(status(g).contains("host events: off"), "{}", status(g));
+}
+
+/// Replays never take write access to an executable: a guest running a script the host
+/// keeps changing must never get ETXTBSY.
+#[test]
+fn replays_do_not_make_exec_fail() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    fs::write(h.join("run.sh"), b"#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(h.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    let w = Watcher::inotifywait(g);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let host = {
+        let (path, stop) = (h.join("run.sh"), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+                std::io::Write::write_all(&mut f, b"# more\n").unwrap();
+                n += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        })
+    };
+    let script = g.join("run.sh");
+    let (mut runs, mut busy) = (0, 0);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        match Command::new(&script).status() {
+            Ok(s) => assert!(s.success()),
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => busy += 1,
+            Err(e) => panic!("exec: {e}"),
+        }
+        runs += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let appends = host.join().unwrap();
+    assert!(appends > 10 && runs > 10, "{appends} appends, {runs} runs");
+    assert_eq!(busy, 0, "{busy} of {runs} execs failed with ETXTBSY");
+    // The watcher still heard the changes (as IN_MODIFY).
+    assert!(w.count(|l| is(l, "MODIFY", &script)) > 0);
 }

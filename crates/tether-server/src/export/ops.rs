@@ -246,6 +246,27 @@ impl ExportFs {
         r
     }
 
+    /// Runs `op`, which changes the file `name` in `dir` (its link count, its ctime), as an
+    /// own change of that file's node, if the client holds one.
+    fn own_change_of_name<T>(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        op: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        if self.watcher.is_none() {
+            return op();
+        }
+        let held = sys::fstatat_nofollow(dir, name)
+            .ok()
+            .and_then(|st| self.nodes.find(st.st_dev, st.st_ino))
+            .and_then(|n| self.nodes.fd(&n).ok().map(|fd| (n, fd)));
+        match held {
+            Some((node, fd)) => self.own_change(&node, fd.as_fd(), op),
+            None => op(),
+        }
+    }
+
     /// Runs a change of names in directories, telling the watcher to expect its echoes.
     fn own_names<T>(
         &self,
@@ -433,8 +454,11 @@ impl ExportFs {
             Unlink { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
-                self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
-                    sys::unlinkat(pfd.as_fd(), &name, 0)
+                // Another link of the file may remain: its link count and ctime change too.
+                self.own_change_of_name(pfd.as_fd(), &name, || {
+                    self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
+                        sys::unlinkat(pfd.as_fd(), &name, 0)
+                    })
                 })
                 .map(|_| Reply::Empty)
             }
@@ -481,22 +505,25 @@ impl ExportFs {
                 }
                 let pfd = self.dir_fd(new_parent)?;
                 let expect = [(new_parent, new_name.as_bytes(), NameChange::Created)];
-                self.own_names(&expect, || {
-                    sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
-                        .or_else(|e| {
-                            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-                            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                                sys::linkat(
-                                    self.export.proc_fd.as_fd(),
-                                    &sys::fd_name(fd.as_fd()),
-                                    pfd.as_fd(),
-                                    &new_name,
-                                    libc::AT_SYMLINK_FOLLOW,
-                                )
-                            } else {
-                                Err(e)
-                            }
-                        })
+                // The file's link count and ctime change: that is this session's change too.
+                self.own_change(&n, fd.as_fd(), || {
+                    self.own_names(&expect, || {
+                        sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
+                            .or_else(|e| {
+                                // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+                                if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                                    sys::linkat(
+                                        self.export.proc_fd.as_fd(),
+                                        &sys::fd_name(fd.as_fd()),
+                                        pfd.as_fd(),
+                                        &new_name,
+                                        libc::AT_SYMLINK_FOLLOW,
+                                    )
+                                } else {
+                                    Err(e)
+                                }
+                            })
+                    })
                 })?;
                 self.lookup_in(new_parent, pfd.as_fd(), new_name)
                     .map(Reply::Entry)
@@ -797,8 +824,11 @@ impl ExportFs {
             expect.push((new_parent, new_name.as_bytes(), NameChange::MovedFrom));
             expect.push((parent, name.as_bytes(), NameChange::MovedTo));
         }
-        self.own_names(&expect, || {
-            sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
+        // A rename changes the moved file's ctime: this session's change, not the host's.
+        self.own_change_of_name(pfd.as_fd(), &name, || {
+            self.own_names(&expect, || {
+                sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
+            })
         })?;
         // Keep the moved nodes findable by name should their descriptors be evicted.
         if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
