@@ -338,6 +338,29 @@ while True:
     w.wait_for("closed", has("closed", p("src/app.js")));
     fs::write(h.join("src/app.js"), b"v2").unwrap();
     w.wait_for("modified", has("modified", p("src/app.js")));
+    // chmod and utimes (both times) are IN_ATTRIB, which watchdog reports as "modified".
+    let modified = |w: &Watcher| w.count(has("modified", p("src/app.js")));
+    let before = modified(&w);
+    fs::set_permissions(h.join("src/app.js"), fs::Permissions::from_mode(0o600)).unwrap();
+    w.wait_for_n("chmod", before + 1, &has("modified", p("src/app.js")));
+    let t = UNIX_EPOCH + Duration::from_secs(1_234_567_890);
+    fs::File::open(h.join("src/app.js"))
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+        .unwrap();
+    w.wait_for_n(
+        "utimes",
+        modified(&w) + 1,
+        &has("modified", p("src/app.js")),
+    );
+    fs::create_dir(h.join("src/lib")).unwrap();
+    w.wait_for("mkdir", |l: &str| {
+        l.starts_with(&format!("created dir {}", p("src/lib")))
+    });
+    fs::remove_dir(h.join("src/lib")).unwrap();
+    w.wait_for("rmdir", |l: &str| {
+        l.starts_with(&format!("deleted dir {}", p("src/lib")))
+    });
     fs::rename(h.join("src/app.js"), h.join("src/main.js")).unwrap();
     w.wait_for("moved", |l: &str| {
         l == format!("moved file {} {}", p("src/app.js"), p("src/main.js"))
