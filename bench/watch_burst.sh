@@ -49,7 +49,7 @@ wait_events() { # pattern, expected, then prints seconds from now until reached 
     sleep 0.01
   done
   end=$(date +%s.%N)
-  echo "$n $(echo "$end - $start" | bc)"
+  echo "$n $(awk "BEGIN{print $end - $start}")"
 }
 
 # npm install: N files in the N/100 package directories.
@@ -64,7 +64,7 @@ for i in range(n):
 PY
 t1=$(date +%s.%N)
 read -r got late < <(wait_events '^CREATE .*\.js$' "$N")
-echo "create: host made $N files in $(echo "$t1 - $t0" | bc) s; watcher got $got CREATE events, the last $late s after the host finished"
+echo "create: host made $N files in $(awk "BEGIN{print $t1 - $t0}") s; watcher got $got CREATE events, the last $late s after the host finished"
 
 # git checkout: rewrite M of them.
 t0=$(date +%s.%N)
@@ -77,6 +77,6 @@ for i in range(m):
 PY
 t1=$(date +%s.%N)
 read -r got late < <(wait_events '^CLOSE_WRITE' "$((N + M))")
-echo "rewrite: host rewrote $M files in $(echo "$t1 - $t0" | bc) s; watcher got $((got - N)) more CLOSE_WRITE events, the last $late s after the host finished"
+echo "rewrite: host rewrote $M files in $(awk "BEGIN{print $t1 - $t0}") s; watcher got $((got - N)) more CLOSE_WRITE events, the last $late s after the host finished"
 echo "overflows: $(count Q_OVERFLOW)"
 "$B" status "$work/mnt" | grep "host events"

@@ -128,16 +128,7 @@ fn unmount_command_clears_a_mount_whose_client_was_killed() {
         common::is_mounted(&t.mnt),
         "a killed client leaves its mount behind"
     );
-    let out = Command::new(TETHER)
-        .arg("unmount")
-        .arg(&t.mnt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::tether_ok(&[std::path::Path::new("unmount"), &t.mnt]);
     assert!(!common::is_mounted(&t.mnt));
 }
 

@@ -86,19 +86,20 @@ impl Drop for Server {
     }
 }
 
-/// The report of `tether status MNT`.
-pub fn status(mnt: &Path) -> String {
-    let out = Command::new(TETHER)
-        .arg("status")
-        .arg(mnt)
-        .output()
-        .unwrap();
+/// Runs `tether ARGS...`, asserts it succeeded and returns its output.
+pub fn tether_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+    let out = Command::new(TETHER).args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The report of `tether status MNT`.
+pub fn status(mnt: &Path) -> String {
+    tether_ok(&[Path::new("status"), mnt])
 }
 
 pub fn is_mounted(mnt: &Path) -> bool {
