@@ -237,20 +237,18 @@ impl TetherFs {
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
     fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
-        if self.replaying(req).is_some() {
+        if let Some(r) = self.replayer.as_ref().filter(|r| r.is_replay(req.pid())) {
             if msg.op().mutates() {
                 // The replay of a creation: answer with what the host created.
-                if let Some(name) = created_name(&msg) {
-                    self.replay_entry(req, parent, name, reply);
-                } else {
-                    reply.error(Errno::EPERM);
+                match created_name(&msg) {
+                    Some(name) => self.replay_entry(req, parent, name, reply),
+                    None => reply.error(Errno::EPERM),
                 }
                 return;
             }
             if let Request::Lookup { name, .. } = &msg {
-                if let Some(l) = self.replaying(req).and_then(|r| r.lookup(parent, name)) {
-                    self.replay_lookup(req, l, reply);
-                    return;
+                if let Some(l) = r.lookup(parent, name) {
+                    return self.replay_lookup(req, r, l, reply);
                 }
             }
         }
@@ -296,43 +294,40 @@ impl TetherFs {
     }
 
     /// A lookup the replaying thread needs answered as the state before the host change.
-    fn replay_lookup(&self, req: &FuseRequest, l: ReplayLookup, reply: ReplyEntry) {
-        let Some(r) = self.replayer.clone() else {
-            return reply.error(Errno::EIO);
+    fn replay_lookup(
+        &self,
+        req: &FuseRequest,
+        r: &Arc<Replayer>,
+        l: ReplayLookup,
+        reply: ReplyEntry,
+    ) {
+        // Never cached: the answer is only for the replay.
+        let ghost = |r: &Replayer, reply: ReplyEntry, file_type| {
+            reply.entry(
+                &Duration::ZERO,
+                &file_attr(&r.ghost(file_type)),
+                Generation(0),
+            )
         };
         match l {
             ReplayLookup::Absent => reply.error(Errno::ENOENT),
-            ReplayLookup::Present {
+            ReplayLookup::Removed { file_type } => ghost(r, reply, file_type),
+            ReplayLookup::Renamed {
                 dir,
                 name,
                 file_type,
-            } if dir != 0 => {
-                // A rename's source: the node that the host now has under the new name.
-                let co = self.co.clone();
+            } => {
+                let (co, r) = (self.co.clone(), r.clone());
                 let msg = Request::Lookup { parent: dir, name };
                 self.conn
                     .call(caller(req), &msg, move |res: ReplyResult| match res {
                         Ok(Reply::Entry(e)) => {
                             co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
-                            reply.entry(
-                                &Duration::ZERO,
-                                &file_attr(&e.attr),
-                                Generation(e.generation),
-                            );
+                            let attr = file_attr(&e.attr);
+                            reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
                         }
-                        _ => reply.entry(
-                            &Duration::ZERO,
-                            &file_attr(&r.ghost(file_type)),
-                            Generation(0),
-                        ),
+                        _ => ghost(&r, reply, file_type),
                     });
-            }
-            ReplayLookup::Present { file_type, .. } => {
-                reply.entry(
-                    &Duration::ZERO,
-                    &file_attr(&r.ghost(file_type)),
-                    Generation(0),
-                );
             }
         }
     }

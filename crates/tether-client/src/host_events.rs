@@ -47,9 +47,12 @@ const RETRIES: usize = 3;
 pub enum ReplayLookup {
     /// The name must look absent: it is being created (or is a rename's target).
     Absent,
-    /// The name must look present, as the node now found under (`dir`, `name`), or as a
-    /// ghost of type `file_type` when there is none: it is being removed or renamed.
-    Present {
+    /// The name must look present, as a ghost of type `file_type`: it is being removed
+    /// (the host already removed it).
+    Removed { file_type: u32 },
+    /// The name must look present, as the node the host now has under (`dir`, `name`), or
+    /// a ghost of type `file_type` if there is none: it is a rename's source.
+    Renamed {
         dir: NodeId,
         name: Bytes,
         file_type: u32,
@@ -363,9 +366,7 @@ impl Replayer {
                 self.arm(vec![(
                     ev.dir,
                     ev.name.clone(),
-                    ReplayLookup::Present {
-                        dir: 0,
-                        name: Bytes::new(),
+                    ReplayLookup::Removed {
                         file_type: ev.file_type,
                     },
                 )]);
@@ -388,7 +389,7 @@ impl Replayer {
                     (
                         *from_dir,
                         from_name.clone(),
-                        ReplayLookup::Present {
+                        ReplayLookup::Renamed {
                             dir: ev.dir,
                             name: ev.name.clone(),
                             file_type: ev.file_type,
@@ -431,10 +432,10 @@ impl Replayer {
 
 /// A name from the server, checked: one path component.
 fn component(name: &[u8]) -> io::Result<CString> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+    if !tether_proto::is_component(name) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    Ok(CString::new(name).expect("a component has no NUL"))
 }
 
 fn cpath(path: &Path) -> io::Result<CString> {

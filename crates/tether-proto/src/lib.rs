@@ -28,3 +28,13 @@ pub type HandleId = u64;
 
 /// The export root always has this node id.
 pub const ROOT_NODE: NodeId = 1;
+
+/// Longest name a component may have (Linux NAME_MAX).
+pub const NAME_MAX: usize = 255;
+
+/// Whether `name` is one path component as docs/protocol.md §5 allows it on the wire: not
+/// empty, not `.` or `..`, without `/` or NUL. (Length is checked against [`NAME_MAX`]
+/// separately, since it gets its own errno.)
+pub fn is_component(name: &[u8]) -> bool {
+    !(name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0))
+}

@@ -2372,7 +2372,7 @@ fn golden_invalidate_push_with_events() {
             dir_path: b(b"d"),
             name: b(b"x"),
             node: 9,
-            file_type: libc_s_ifreg(),
+            file_type: S_IFREG,
             kind: EventKind::Changed(changed::MODIFY | changed::CLOSE_WRITE),
         },
         HostEvent {
@@ -2380,7 +2380,7 @@ fn golden_invalidate_push_with_events() {
             dir_path: b(b""),
             name: b(b"n"),
             node: 9,
-            file_type: libc_s_ifreg(),
+            file_type: S_IFREG,
             kind: EventKind::Moved {
                 from_dir: 5,
                 from_path: b(b"d"),
@@ -2436,9 +2436,8 @@ fn golden_invalidate_push_with_events() {
     assert!(decode_invalidate(Bytes::from(bad)).is_err());
 }
 
-fn libc_s_ifreg() -> u32 {
-    0o100000
-}
+/// S_IFREG (the tests of this I/O-free crate do not use libc).
+const S_IFREG: u32 = 0o100000;
 
 #[test]
 fn large_pushes_are_cut_into_frames_in_order() {
@@ -2454,7 +2453,7 @@ fn large_pushes_are_cut_into_frames_in_order() {
             dir_path: Bytes::from(vec![b'p'; 200]),
             name: Bytes::from(format!("f{i}")),
             node: 0,
-            file_type: libc_s_ifreg(),
+            file_type: S_IFREG,
             kind: EventKind::Created,
         })
         .collect();

@@ -44,8 +44,9 @@ struct Collector {
     changed_at: HashMap<(NodeId, Vec<u8>), usize>,
     /// rename cookie -> index of the provisional `Deleted` event its first half left.
     moved_from: HashMap<u32, usize>,
-    /// Directory paths resolved in this batch.
+    /// Directory paths resolved in this batch, and the export root's own path.
     paths: HashMap<NodeId, Option<Bytes>>,
+    root: Option<Option<Vec<u8>>>,
 }
 
 impl Collector {
@@ -255,11 +256,16 @@ impl ExportFs {
         if let Some(p) = c.paths.get(&dir) {
             return p.clone();
         }
+        let root = c
+            .root
+            .get_or_insert_with(|| {
+                let (_, root_fd) = self.node_fd(ROOT_NODE).ok()?;
+                sys::fd_path(root_fd.as_fd()).ok()
+            })
+            .clone();
         let resolved = (|| {
-            let (_, root_fd) = self.node_fd(ROOT_NODE).ok()?;
-            let root = sys::fd_path(root_fd.as_fd()).ok()?;
             let path = sys::fd_path(dir_fd.as_fd()).ok()?;
-            let rel = path.strip_prefix(root.as_slice())?.strip_prefix(b"/")?;
+            let rel = path.strip_prefix(root?.as_slice())?.strip_prefix(b"/")?;
             if rel.ends_with(b" (deleted)") {
                 return None;
             }

@@ -17,9 +17,6 @@ use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
 use super::Export;
 
-/// Longest name a component may have (Linux NAME_MAX).
-const NAME_MAX: usize = 255;
-
 enum Handle {
     File(OwnedFd),
     /// Directory streams share a position, so reads of one handle are serialized.
@@ -41,13 +38,13 @@ pub struct ExportFs {
 
 /// Checks a single path component from the guest.
 fn component(name: &[u8]) -> SysResult<CString> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+    if !tether_proto::is_component(name) {
         return Err(WireErrno::EINVAL);
     }
-    if name.len() > NAME_MAX {
+    if name.len() > tether_proto::NAME_MAX {
         return Err(WireErrno::ENAMETOOLONG);
     }
-    CString::new(name).map_err(|_| WireErrno::EINVAL)
+    Ok(CString::new(name).expect("a component has no NUL"))
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {
@@ -936,7 +933,7 @@ fn xattr_name(name: &[u8]) -> SysResult<CString> {
             WireErrno::ERANGE
         });
     }
-    CString::new(name).map_err(|_| WireErrno::EINVAL)
+    Ok(CString::new(name).expect("a component has no NUL"))
 }
 
 /// getxattr/listxattr: with size 0 report the size, else return the value or ERANGE.

@@ -188,41 +188,57 @@ impl Watcher {
             if len <= 0 {
                 break;
             }
-            let mut pos = 0usize;
-            while pos + 16 <= len as usize {
-                // struct inotify_event: i32 wd, u32 mask, u32 cookie, u32 len, name[len].
-                let wd = i32::from_ne_bytes(buf[pos..pos + 4].try_into().unwrap());
-                let mask = u32::from_ne_bytes(buf[pos + 4..pos + 8].try_into().unwrap());
-                let cookie = u32::from_ne_bytes(buf[pos + 8..pos + 12].try_into().unwrap());
-                let nlen = u32::from_ne_bytes(buf[pos + 12..pos + 16].try_into().unwrap()) as usize;
-                let raw = &buf[pos + 16..pos + 16 + nlen];
-                let name = raw
-                    .iter()
-                    .position(|&b| b == 0)
-                    .map(|end| raw[..end].to_vec());
-                pos += 16 + nlen;
-                if mask & libc::IN_Q_OVERFLOW != 0 {
+            for r in records(&buf[..len as usize]) {
+                if r.mask & libc::IN_Q_OVERFLOW != 0 {
                     self.forget_expectations();
                     return Ok(Batch::Overflow);
                 }
-                if mask & libc::IN_IGNORED != 0 {
-                    if let Some((_, node)) = self.by_wd.remove(&wd) {
+                if r.mask & libc::IN_IGNORED != 0 {
+                    if let Some((_, node)) = self.by_wd.remove(&r.wd) {
                         self.by_node.remove(&node);
                     }
                     continue;
                 }
-                if let Some(dir) = self.by_wd.get(&wd).map(|n| *n) {
+                if let Some(dir) = self.by_wd.get(&r.wd).map(|n| *n) {
                     events.push(WatchEvent {
                         dir,
-                        mask,
-                        cookie,
-                        name: name.filter(|n| !n.is_empty()),
+                        mask: r.mask,
+                        cookie: r.cookie,
+                        name: (!r.name.is_empty()).then(|| r.name.to_vec()),
                     });
                 }
             }
         }
         Ok(Batch::Events(events))
     }
+}
+
+/// One `struct inotify_event` of a read buffer; `name` without its NUL padding (empty for
+/// an event on the watched object itself).
+pub struct Record<'a> {
+    pub wd: i32,
+    pub mask: u32,
+    pub cookie: u32,
+    pub name: &'a [u8],
+}
+
+/// The records in `buf`, as read(2) from an inotify descriptor returned it.
+pub fn records(buf: &[u8]) -> impl Iterator<Item = Record<'_>> {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        let head = buf.get(pos..pos + 16)?;
+        let field = |at: usize| u32::from_ne_bytes(head[at..at + 4].try_into().unwrap());
+        let len = field(12) as usize;
+        let raw = buf.get(pos + 16..pos + 16 + len)?;
+        pos += 16 + len;
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(len);
+        Some(Record {
+            wd: field(0) as i32,
+            mask: field(4),
+            cookie: field(8),
+            name: &raw[..end],
+        })
+    })
 }
 
 /// The name change an event reports, if it is one.
@@ -254,4 +270,39 @@ pub fn changed_bits(mask: u32) -> u8 {
         bits |= changed::ATTRIB;
     }
     bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(wd: i32, mask: u32, cookie: u32, name: &[u8], padded: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend(wd.to_ne_bytes());
+        v.extend(mask.to_ne_bytes());
+        v.extend(cookie.to_ne_bytes());
+        v.extend((padded as u32).to_ne_bytes());
+        v.extend(name);
+        v.resize(16 + padded, 0);
+        v
+    }
+
+    #[test]
+    fn records_are_split_and_names_unpadded() {
+        let mut buf = record(3, libc::IN_MOVED_FROM, 77, b"a.txt", 16);
+        buf.extend(record(4, libc::IN_ATTRIB, 0, b"", 0));
+        let got: Vec<_> = records(&buf)
+            .map(|r| (r.wd, r.mask, r.cookie, r.name.to_vec()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, libc::IN_MOVED_FROM, 77, b"a.txt".to_vec()),
+                (4, libc::IN_ATTRIB, 0, Vec::new()),
+            ]
+        );
+        // A cut record ends the iteration instead of reading past the buffer.
+        assert_eq!(records(&buf[..20]).count(), 0);
+        assert_eq!(records(&buf[..buf.len() - 1]).count(), 1);
+    }
 }

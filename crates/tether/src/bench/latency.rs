@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::report::fmt_secs;
 use super::sys::{self, Interrupt, Machine, Rng};
 use super::LatencyArgs;
+use tether_server::export::watch::records;
 
 /// Pause between two polls of the mount.
 const POLL: Duration = Duration::from_micros(75);
@@ -325,15 +326,7 @@ impl InotifyProbe {
             if n <= 0 {
                 return out;
             }
-            let mut pos = 0;
-            while pos + 16 <= n as usize {
-                let field = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
-                let (mask, len) = (field(pos + 4), field(pos + 12) as usize);
-                let name = &buf[pos + 16..pos + 16 + len];
-                let end = name.iter().position(|&b| b == 0).unwrap_or(len);
-                out.push((mask, name[..end].to_vec()));
-                pos += 16 + len;
-            }
+            out.extend(records(&buf[..n as usize]).map(|r| (r.mask, r.name.to_vec())));
         }
     }
 
