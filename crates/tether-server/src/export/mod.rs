@@ -36,7 +36,7 @@ pub struct Export {
     pub instance: [u8; 16],
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ExportOptions {
     pub read_only: bool,
     /// Most node descriptors held at once (0: derive from the open-file limit).
