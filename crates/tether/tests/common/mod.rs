@@ -217,3 +217,28 @@ impl TestMount {
         }
     }
 }
+
+impl Server {
+    /// Starts `tether serve DIR --listen ADDRESS EXTRA...` as user `uid`:`gid` (the test
+    /// must be root) and waits until it listens.
+    pub fn start_as(dir: &Path, address: &str, extra: &[&str], uid: u32, gid: u32) -> Server {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(TETHER)
+            .arg("serve")
+            .arg(dir)
+            .args(["--listen", address])
+            .args(extra)
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tether serve");
+        let server = Server {
+            child,
+            address: address.to_string(),
+        };
+        server.wait_listening();
+        server
+    }
+}
