@@ -9,6 +9,7 @@ use std::thread;
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use tether_proto::auth::{self, Role};
 use tether_proto::handshake::features;
 use tether_proto::{
     Caller, FrameHeader, FrameKind, Hello, HelloReply, Op, Reply, Request, WireErrno,
@@ -19,6 +20,23 @@ use tether_transport::{Closer, Stream};
 
 pub type ReplyResult = Result<Reply, WireErrno>;
 type Callback = Box<dyn FnOnce(ReplyResult) + Send>;
+
+/// Reads the server's HELLO (or AUTH) reply.
+fn read_hello_reply(reader: &mut dyn io::Read, op: Op) -> Result<HelloReply, ConnectError> {
+    let (h, body) = read_frame(reader, MAX_FRAME_LEN)?
+        .ok_or_else(|| ConnectError::Protocol("server closed the connection".into()))?;
+    if h.kind != FrameKind::Reply || h.op != op as u16 {
+        return Err(ConnectError::Protocol(format!(
+            "expected the {op:?} reply, got op {}",
+            h.op
+        )));
+    }
+    match Reply::decode(h.op, body).map_err(|e| ConnectError::Protocol(e.to_string()))? {
+        Ok(Reply::Hello(r)) => Ok(r),
+        Ok(_) => Err(ConnectError::Protocol(format!("malformed {op:?} reply"))),
+        Err(e) => Err(ConnectError::Refused(e)),
+    }
+}
 
 /// Handler for frames the server pushes (invalidations; see the coherence design).
 pub type PushHandler = Box<dyn Fn(FrameHeader, Bytes) + Send + Sync>;
@@ -54,6 +72,33 @@ pub enum ConnectError {
     Refused(WireErrno),
     #[error("protocol error during the handshake: {0}")]
     Protocol(String),
+    #[error(
+        "the server requires a secret: copy its secret file to this machine and pass \
+         --secret-file (tether serve prints where it keeps it)"
+    )]
+    SecretRequired,
+    #[error(
+        "the server does not know our secret: wrong --secret-file, or not the server you \
+         meant; nothing was sent"
+    )]
+    ServerNotAuthenticated,
+    #[error("the server refused our secret: wrong --secret-file (the server logged the attempt)")]
+    SecretRefused,
+}
+
+/// What a client asks for when it connects.
+#[derive(Default)]
+pub struct ConnectOptions {
+    /// Free text for the server's log.
+    pub client_name: String,
+    /// Where pushed frames go; None: do not ask for pushes.
+    pub on_push: Option<PushHandler>,
+    /// Ask for the host events behind invalidations (needs `on_push`).
+    pub host_events: bool,
+    /// The shared secret, for servers that require one.
+    pub secret: Option<Vec<u8>>,
+    /// The guest (uid, gid) files appear to belong to when the server squashes ownership.
+    pub owner: (u32, u32),
 }
 
 impl Connection {
@@ -65,44 +110,82 @@ impl Connection {
         on_push: Option<PushHandler>,
         host_events: bool,
     ) -> Result<Arc<Connection>, ConnectError> {
+        // SAFETY: geteuid/getegid have no preconditions.
+        let owner = unsafe { (libc::geteuid(), libc::getegid()) };
+        Connection::start_with(
+            stream,
+            ConnectOptions {
+                client_name: client_name.into(),
+                on_push,
+                host_events,
+                secret: None,
+                owner,
+            },
+        )
+    }
+
+    /// Performs the handshake, authenticating with `opts.secret` if the server asks.
+    pub fn start_with(
+        stream: Stream,
+        opts: ConnectOptions,
+    ) -> Result<Arc<Connection>, ConnectError> {
         let Stream {
             mut reader,
             mut writer,
             closer,
             peer,
+            ..
         } = stream;
+        let on_push = opts.on_push;
         write_magic(&mut *writer)?;
+        let mut client_nonce = [0u8; auth::NONCE_LEN];
+        rand::fill(&mut client_nonce);
         let hello = Request::Hello(Hello {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
-                | match (&on_push, host_events) {
+                | match (&on_push, opts.host_events) {
                     (None, _) => 0,
                     (Some(_), false) => features::PUSH_INVALIDATE,
                     (Some(_), true) => features::PUSH_INVALIDATE | features::HOST_EVENTS,
                 },
             max_frame: MAX_FRAME_LEN as u32,
-            client_name: client_name.as_bytes().to_vec(),
+            owner_uid: opts.owner.0,
+            owner_gid: opts.owner.1,
+            client_nonce,
+            client_name: opts.client_name.as_bytes().to_vec(),
         });
         writer.write_all(&hello.to_frame(0, Caller::default()))?;
         writer.flush()?;
         // Up to 64 KiB of noise (an ssh banner) may come before the server's magic.
         read_magic(&mut *reader, 64 * 1024)?;
-        let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?
-            .ok_or_else(|| ConnectError::Protocol("server closed the connection".into()))?;
-        if h.kind != FrameKind::Reply || h.op != Op::Hello as u16 {
-            return Err(ConnectError::Protocol(format!(
-                "expected HELLO reply, got op {}",
-                h.op
-            )));
-        }
-        let hello =
-            match Reply::decode(h.op, body).map_err(|e| ConnectError::Protocol(e.to_string()))? {
-                Ok(Reply::Hello(r)) => r,
-                Ok(_) => return Err(ConnectError::Protocol("malformed HELLO reply".into())),
-                Err(e) => return Err(ConnectError::Refused(e)),
+        let mut hello = read_hello_reply(&mut *reader, Op::Hello)?;
+        if let Some(challenge) = hello.challenge.take() {
+            let secret = opts.secret.as_deref().ok_or(ConnectError::SecretRequired)?;
+            // The server proves itself first, so a stranger learns nothing from our proof.
+            if !auth::verify(
+                secret,
+                Role::Server,
+                &client_nonce,
+                &challenge.server_nonce,
+                &challenge.server_proof,
+            ) {
+                return Err(ConnectError::ServerNotAuthenticated);
+            }
+            let proof = auth::proof(secret, Role::Client, &client_nonce, &challenge.server_nonce);
+            writer.write_all(&Request::Auth { proof }.to_frame(1, Caller::default()))?;
+            writer.flush()?;
+            hello = match read_hello_reply(&mut *reader, Op::Auth) {
+                Err(ConnectError::Refused(WireErrno::EACCES)) => {
+                    return Err(ConnectError::SecretRefused)
+                }
+                r => r?,
             };
+            if hello.challenge.is_some() {
+                return Err(ConnectError::Protocol("a second challenge".into()));
+            }
+        }
         let conn = Arc::new(Connection {
             writer: Mutex::new(writer),
             pending: DashMap::new(),

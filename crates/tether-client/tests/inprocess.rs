@@ -28,17 +28,10 @@ impl Drop for Setup {
 
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let export = Export::open(
-        dir.path(),
-        &ExportOptions {
-            read_only: false,
-            max_node_fds: 0,
-        },
-    )
-    .unwrap();
+    let export = Export::open(dir.path(), &ExportOptions::default()).unwrap();
     let (client_end, server_end) = memory_pipe();
     let server = thread::spawn(move || {
-        let _ = run_session(export, server_end, &SessionLimits::default());
+        let _ = run_session(export, server_end, &SessionLimits::default(), None);
     });
     let conn = Connection::start(client_end, "inprocess-test", None, false).unwrap();
     Setup {

@@ -133,6 +133,10 @@ impl Decoder {
             }),
         }
     }
+    /// A fixed-size byte array (nonces, proofs).
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(N)?.try_into().unwrap())
+    }
     pub fn name(&mut self) -> Result<Bytes, DecodeError> {
         let n = self.u16()? as usize;
         self.slice(n)

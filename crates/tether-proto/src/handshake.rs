@@ -1,7 +1,12 @@
 //! Connection start: both sides send [`MAGIC`], then the client sends a HELLO request and the
 //! server answers with a HELLO reply. The magic lets a client skip banners that an ssh
 //! transport may print before the server starts.
+//!
+//! A server that requires a secret answers HELLO with a [`Challenge`] instead of the session's
+//! terms; the client checks the server's proof, sends AUTH with its own, and gets the real
+//! HELLO reply as the AUTH reply (see [`crate::auth`]).
 
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::codec::{DecodeError, Decoder, Encoder};
 
 /// 8 bytes sent by each side before anything else. The 0x89 and CR LF catch 7-bit and
@@ -29,8 +34,52 @@ pub struct Hello {
     pub features: u64,
     /// Largest frame the client accepts.
     pub max_frame: u32,
+    /// The guest user and group that exported files appear to belong to when the server
+    /// squashes ownership (its default).
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    /// Fresh random bytes: the server's proof of the secret covers them, so it cannot be
+    /// replayed from an earlier connection.
+    pub client_nonce: [u8; NONCE_LEN],
     /// Free text for the server's log (host name, version).
     pub client_name: Vec<u8>,
+}
+
+/// How the server maps file ownership between host and guest (informational for the client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum IdMapping {
+    /// Every file appears to belong to the client's `owner_uid`/`owner_gid`; new files
+    /// belong to the user running the server.
+    Squash = 0,
+    /// Host ids are shown and used as they are.
+    Passthrough = 1,
+    /// Explicit guest-to-host tables; unmapped host ids appear as 65534.
+    Mapped = 2,
+}
+
+impl IdMapping {
+    pub fn from_u8(v: u8) -> Result<Self, DecodeError> {
+        Ok(match v {
+            0 => IdMapping::Squash,
+            1 => IdMapping::Passthrough,
+            2 => IdMapping::Mapped,
+            v => {
+                return Err(DecodeError::Invalid {
+                    field: "id_mapping",
+                    value: v as u64,
+                })
+            }
+        })
+    }
+}
+
+/// The server's demand for a proof of the shared secret, and its own proof.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    pub server_nonce: [u8; NONCE_LEN],
+    /// `auth::proof(secret, Role::Server, client_nonce, server_nonce)`.
+    pub server_proof: [u8; PROOF_LEN],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +94,10 @@ pub struct HelloReply {
     pub instance: [u8; 16],
     /// True when the export refuses mutations.
     pub read_only: bool,
+    pub id_mapping: IdMapping,
+    /// Present when the client must authenticate (AUTH) before anything else; the other
+    /// fields are then zero, and the AUTH reply carries the real ones.
+    pub challenge: Option<Challenge>,
 }
 
 impl Hello {
@@ -53,6 +106,9 @@ impl Hello {
             .u16(self.max_version)
             .u64(self.features)
             .u32(self.max_frame)
+            .u32(self.owner_uid)
+            .u32(self.owner_gid)
+            .rest(&self.client_nonce)
             .name(&self.client_name);
     }
     pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
@@ -61,6 +117,9 @@ impl Hello {
             max_version: d.u16()?,
             features: d.u64()?,
             max_frame: d.u32()?,
+            owner_uid: d.u32()?,
+            owner_gid: d.u32()?,
+            client_nonce: d.array()?,
             client_name: d.name()?.to_vec(),
         })
     }
@@ -73,24 +132,47 @@ impl HelloReply {
             .u32(self.max_frame)
             .u32(self.max_in_flight)
             .rest(&self.instance)
-            .bool(self.read_only);
+            .bool(self.read_only)
+            .u8(self.id_mapping as u8);
+        match &self.challenge {
+            None => {
+                e.u8(0);
+            }
+            Some(c) => {
+                e.u8(1).rest(&c.server_nonce).rest(&c.server_proof);
+            }
+        }
     }
     pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
         let version = d.u16()?;
         let features = d.u64()?;
         let max_frame = d.u32()?;
         let max_in_flight = d.u32()?;
-        let mut instance = [0u8; 16];
-        for b in instance.iter_mut() {
-            *b = d.u8()?;
-        }
+        let instance = d.array()?;
+        let read_only = d.bool()?;
+        let id_mapping = IdMapping::from_u8(d.u8()?)?;
+        let challenge = match d.u8()? {
+            0 => None,
+            1 => Some(Challenge {
+                server_nonce: d.array()?,
+                server_proof: d.array()?,
+            }),
+            v => {
+                return Err(DecodeError::Invalid {
+                    field: "challenge",
+                    value: v as u64,
+                })
+            }
+        };
         Ok(HelloReply {
             version,
             features,
             max_frame,
             max_in_flight,
             instance,
-            read_only: d.bool()?,
+            read_only,
+            id_mapping,
+            challenge,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! fuzzed. `docs/protocol.md` is the byte-level specification; the golden tests in
 //! `tests/golden.rs` pin this code to it.
 
+pub mod auth;
 pub mod codec;
 pub mod errno;
 pub mod frame;
@@ -14,7 +15,7 @@ pub mod push;
 pub use codec::{DecodeError, Decoder, Encoder};
 pub use errno::WireErrno;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_FRAME_LEN};
-pub use handshake::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+pub use handshake::{Challenge, Hello, HelloReply, IdMapping, MAGIC, PROTOCOL_VERSION};
 pub use message::*;
 pub use push::{
     changed, decode_invalidate, invalidate_frame, invalidate_frames, push_op, EventKind, HostEvent,

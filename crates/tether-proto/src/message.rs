@@ -17,6 +17,8 @@ use crate::{HandleId, NodeId};
 #[repr(u16)]
 pub enum Op {
     Hello = 1,
+    /// The client's proof of the shared secret, after a HELLO reply with a challenge.
+    Auth = 2,
     Lookup = 10,
     Forget = 11,
     Getattr = 12,
@@ -57,6 +59,7 @@ impl Op {
         use Op::*;
         Ok(match v {
             1 => Hello,
+            2 => Auth,
             10 => Lookup,
             11 => Forget,
             12 => Getattr,
@@ -237,6 +240,9 @@ pub struct Statfs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Hello(Hello),
+    Auth {
+        proof: [u8; crate::auth::PROOF_LEN],
+    },
     Lookup {
         parent: NodeId,
         name: Bytes,
@@ -541,6 +547,7 @@ impl Request {
         use Request::*;
         match self {
             Hello(_) => Op::Hello,
+            Auth { .. } => Op::Auth,
             Lookup { .. } => Op::Lookup,
             Forget { .. } => Op::Forget,
             Getattr { .. } => Op::Getattr,
@@ -598,6 +605,9 @@ impl Request {
         e.u32(c.uid).u32(c.gid).u32(c.pid);
         match self {
             Hello(h) => h.encode(e),
+            Auth { proof } => {
+                e.rest(proof);
+            }
             Lookup { parent, name } | Unlink { parent, name } | Rmdir { parent, name } => {
                 e.u64(*parent).name(name);
             }
@@ -787,6 +797,7 @@ impl Request {
         };
         let r = match op {
             Op::Hello => Hello(crate::handshake::Hello::decode(&mut d)?),
+            Op::Auth => Auth { proof: d.array()? },
             Op::Lookup => Lookup {
                 parent: d.u64()?,
                 name: d.name()?,
@@ -1100,7 +1111,8 @@ impl Reply {
             return Ok(Err(WireErrno(status as u32)));
         }
         let r = match op {
-            Op::Hello => Reply::Hello(HelloReply::decode(&mut d)?),
+            // AUTH is answered with the HELLO reply it unlocks.
+            Op::Hello | Op::Auth => Reply::Hello(HelloReply::decode(&mut d)?),
             Op::Lookup | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Link => {
                 Reply::Entry(Entry::decode(&mut d)?)
             }

@@ -102,8 +102,9 @@ fn entry_bytes() -> Vec<u8> {
 }
 
 /// Every operation with its code, little-endian as in the frame header.
-const OPS: [(Op, [u8; 2]); 34] = [
+const OPS: [(Op, [u8; 2]); 35] = [
     (Op::Hello, [1, 0]),
+    (Op::Auth, [2, 0]),
     (Op::Lookup, [10, 0]),
     (Op::Forget, [11, 0]),
     (Op::Getattr, [12, 0]),
@@ -188,10 +189,13 @@ fn request_cases() -> Vec<ReqCase> {
                 max_version: 1,
                 features: features::PUSH_INVALIDATE | features::IO_BY_NODE,
                 max_frame: MAX_FRAME_LEN as u32,
+                owner_uid: 1000,
+                owner_gid: 100,
+                client_nonce: [7; 32],
                 client_name: b"guest".to_vec(),
             }),
             expected: [
-                &[0x2f, 0, 0, 0][..],      // len: 47 bytes after this field
+                &[0x57, 0, 0, 0][..],      // len: 87 bytes after this field
                 &[1],                      // kind: request
                 &[0],                      // flags: none
                 &[1, 0],                   // op: 1 hello
@@ -203,8 +207,27 @@ fn request_cases() -> Vec<ReqCase> {
                 &[1, 0],                   // max_version 1
                 &[3, 0, 0, 0, 0, 0, 0, 0], // features: PUSH_INVALIDATE | IO_BY_NODE
                 &[0x00, 0x10, 0x10, 0x00], // max_frame 0x101000 (1 MiB + 4 KiB)
+                &[0xe8, 0x03, 0, 0],       // owner_uid 1000
+                &[100, 0, 0, 0],           // owner_gid 100
+                &[7; 32],                  // client_nonce (32 bytes)
                 &[5, 0],                   // client_name length 5
                 b"guest",                  // client_name
+            ]
+            .concat(),
+        },
+        ReqCase {
+            name: "auth",
+            id: 1,
+            caller: Caller::default(),
+            req: Request::Auth { proof: [9; 32] },
+            expected: [
+                &[0x38, 0, 0, 0][..],      // len: 56
+                &[1],                      // kind: request
+                &[0],                      // flags: none
+                &[2, 0],                   // op: 2 auth
+                &[1, 0, 0, 0, 0, 0, 0, 0], // id 1
+                &[0; 12],                  // caller: zero before authentication
+                &[9; 32],                  // proof (32 bytes)
             ]
             .concat(),
         },
@@ -1123,9 +1146,11 @@ fn reply_cases() -> Vec<ReplyCase> {
                 max_in_flight: 256,
                 instance: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
                 read_only: true,
+                id_mapping: IdMapping::Passthrough,
+                challenge: None,
             })),
             expected: [
-                &[0x33, 0, 0, 0][..],                                    // len: 51
+                &[0x35, 0, 0, 0][..],                                    // len: 53
                 &[2],                                                    // kind: reply
                 &[0],                                                    // flags
                 &[1, 0],                                                 // op: 1 hello
@@ -1137,6 +1162,92 @@ fn reply_cases() -> Vec<ReplyCase> {
                 &[0, 1, 0, 0],                                           // max_in_flight 256
                 &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], // instance (16 bytes)
                 &[1],                                                    // read_only: true
+                &[1],                                                    // id_mapping: passthrough
+                &[0],                                                    // challenge: none
+            ]
+            .concat(),
+        },
+        ReplyCase {
+            name: "hello (challenge)".into(),
+            op: Op::Hello,
+            id: 0,
+            result: Ok(Reply::Hello(HelloReply {
+                version: 1,
+                features: 0,
+                max_frame: MAX_FRAME_LEN as u32,
+                max_in_flight: 0,
+                instance: [0; 16],
+                read_only: false,
+                id_mapping: IdMapping::Squash,
+                challenge: Some(Challenge {
+                    server_nonce: [5; 32],
+                    server_proof: [6; 32],
+                }),
+            })),
+            expected: [
+                &[0x75, 0, 0, 0][..],      // len: 117
+                &[2],                      // kind: reply
+                &[0],                      // flags
+                &[1, 0],                   // op: 1 hello
+                &[0, 0, 0, 0, 0, 0, 0, 0], // id 0
+                &[0, 0, 0, 0],             // status: 0 ok
+                &[1, 0],                   // version 1
+                &[0, 0, 0, 0, 0, 0, 0, 0], // features: none until authenticated
+                &[0x00, 0x10, 0x10, 0x00], // max_frame 0x101000
+                &[0, 0, 0, 0],             // max_in_flight 0
+                &[0; 16],                  // instance: zero until authenticated
+                &[0],                      // read_only: false
+                &[0],                      // id_mapping: squash
+                &[1],                      // challenge: present
+                &[5; 32],                  // server_nonce (32 bytes)
+                &[6; 32],                  // server_proof (32 bytes)
+            ]
+            .concat(),
+        },
+        ReplyCase {
+            name: "auth".into(),
+            op: Op::Auth,
+            id: 1,
+            result: Ok(Reply::Hello(HelloReply {
+                version: 1,
+                features: features::IO_BY_NODE,
+                max_frame: MAX_FRAME_LEN as u32,
+                max_in_flight: 256,
+                instance: [3; 16],
+                read_only: false,
+                id_mapping: IdMapping::Squash,
+                challenge: None,
+            })),
+            expected: [
+                &[0x35, 0, 0, 0][..],      // len: 53
+                &[2],                      // kind: reply
+                &[0],                      // flags
+                &[2, 0],                   // op: 2 auth
+                &[1, 0, 0, 0, 0, 0, 0, 0], // id 1
+                &[0, 0, 0, 0],             // status: 0 ok, then the real HELLO reply
+                &[1, 0],                   // version 1
+                &[2, 0, 0, 0, 0, 0, 0, 0], // features: IO_BY_NODE
+                &[0x00, 0x10, 0x10, 0x00], // max_frame 0x101000
+                &[0, 1, 0, 0],             // max_in_flight 256
+                &[3; 16],                  // instance (16 bytes)
+                &[0],                      // read_only: false
+                &[0],                      // id_mapping: squash
+                &[0],                      // challenge: none
+            ]
+            .concat(),
+        },
+        ReplyCase {
+            name: "auth (refused)".into(),
+            op: Op::Auth,
+            id: 1,
+            result: Err(WireErrno::EACCES),
+            expected: [
+                &[0x10, 0, 0, 0][..],      // len: 16
+                &[2],                      // kind: reply
+                &[0],                      // flags
+                &[2, 0],                   // op: 2 auth
+                &[1, 0, 0, 0, 0, 0, 0, 0], // id 1
+                &[13, 0, 0, 0],            // status: 13 EACCES
             ]
             .concat(),
         },
@@ -1965,7 +2076,7 @@ fn trailing_bytes_are_refused() {
 #[test]
 fn unknown_ops_are_refused() {
     let body = Bytes::copy_from_slice(&CALLER_BYTES);
-    for op in [0u16, 2, 9, 43, 100, 0x8000, u16::MAX] {
+    for op in [0u16, 3, 9, 43, 100, 0x8000, u16::MAX] {
         assert_eq!(Op::from_u16(op), Err(DecodeError::UnknownOp(op)));
         assert_eq!(
             Request::decode(op, body.clone()),
@@ -2095,12 +2206,26 @@ fn invalid_values_are_refused() {
         Request::decode(Op::Readdir as u16, Bytes::from(body)),
         Err(invalid("bool", 0xff))
     );
-    // bool: the HELLO reply's read_only.
+    // bool: the HELLO reply's read_only (third byte from the end).
     let mut body = reply_body("hello");
-    *body.last_mut().unwrap() = 7;
+    let n = body.len();
+    body[n - 3] = 7;
     assert_eq!(
         Reply::decode(Op::Hello as u16, Bytes::from(body)),
         Err(invalid("bool", 7))
+    );
+    // The HELLO reply's id mapping and challenge tag.
+    let mut body = reply_body("hello");
+    body[n - 2] = 3;
+    assert_eq!(
+        Reply::decode(Op::Hello as u16, Bytes::from(body)),
+        Err(invalid("id_mapping", 3))
+    );
+    let mut body = reply_body("hello");
+    body[n - 1] = 2;
+    assert_eq!(
+        Reply::decode(Op::Hello as u16, Bytes::from(body)),
+        Err(invalid("challenge", 2))
     );
     // bool: a directory entry's "entry present" tag (body offset 4 + 4 + 21 - 1 = 28).
     let mut body = reply_body("readdir");

@@ -9,11 +9,12 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tether_proto::auth::{self, Role};
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
-    data_reply_frame, reply_frame, FrameHeader, FrameKind, HelloReply, Op, Reply, Request,
-    WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
+    data_reply_frame, reply_frame, Challenge, FrameHeader, FrameKind, HelloReply, IdMapping, Op,
+    Reply, Request, WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
 use tether_transport::Stream;
@@ -30,6 +31,8 @@ pub struct SessionLimits {
     /// Worker threads executing this session's requests; with all of them busy nobody
     /// reads, which back-pressures the client.
     pub workers: usize,
+    /// How long a new connection may take to greet and authenticate.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for SessionLimits {
@@ -37,9 +40,14 @@ impl Default for SessionLimits {
         SessionLimits {
             max_in_flight: 256,
             workers: 8,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
+
+/// Largest frame accepted before the handshake is over: HELLO and AUTH are small, and an
+/// unauthenticated peer must not make the server allocate megabytes.
+const HANDSHAKE_MAX_FRAME: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -47,22 +55,31 @@ pub enum SessionError {
     Io(#[from] io::Error),
     #[error("protocol error: {0}")]
     Protocol(String),
+    #[error("authentication failed: {0}")]
+    Auth(String),
 }
 
 type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 
-/// Serves one connection until the client disconnects or breaks the protocol.
+/// Serves one connection until the client disconnects or breaks the protocol. With a
+/// `secret`, the client must prove it knows it before anything else.
 pub fn run_session(
     export: Arc<Export>,
     stream: Stream,
     limits: &SessionLimits,
+    secret: Option<&[u8]>,
 ) -> Result<(), SessionError> {
     let Stream {
         mut reader,
         mut writer,
         closer,
         peer,
+        socket,
+        ..
     } = stream;
+    if let Some(s) = &socket {
+        s.set_read_timeout(Some(limits.handshake_timeout))?;
+    }
     let greeted = write_magic(&mut *writer).and_then(|_| read_magic(&mut *reader, 0));
     match greeted {
         Ok(()) => {}
@@ -78,32 +95,83 @@ pub fn run_session(
             tracing::debug!(peer = %peer, "peer left before the handshake");
             return Ok(());
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(handshake_io(e)),
     }
 
     // The first frame must be HELLO.
-    let (h, body) = read_frame(&mut *reader, MAX_FRAME_LEN)?
-        .ok_or_else(|| SessionError::Protocol("closed before HELLO".into()))?;
-    if h.kind != FrameKind::Request || h.op != Op::Hello as u16 {
+    let (h, req) = read_handshake_frame(&mut *reader, Op::Hello)?;
+    let Request::Hello(hello) = req else {
+        unreachable!("read_handshake_frame checked the op")
+    };
+    if !(hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version) {
+        writer.write_all(&reply_frame(h.op, h.id, &Err(WireErrno::EPROTO)))?;
         return Err(SessionError::Protocol(format!(
-            "expected HELLO, got op {}",
-            h.op
+            "client speaks versions {}..={}, this server {}",
+            hello.min_version, hello.max_version, PROTOCOL_VERSION
         )));
     }
-    let (_, req) =
-        Request::decode(h.op, body).map_err(|e| SessionError::Protocol(e.to_string()))?;
-    let Request::Hello(hello) = req else {
-        unreachable!()
+    // The reply that carries the session's terms: to HELLO, or to AUTH after a challenge.
+    let (reply_op, reply_id) = match secret {
+        None => (h.op, h.id),
+        Some(secret) => {
+            let mut server_nonce = [0u8; auth::NONCE_LEN];
+            rand::fill(&mut server_nonce);
+            let challenge = HelloReply {
+                version: PROTOCOL_VERSION,
+                features: 0,
+                max_frame: HANDSHAKE_MAX_FRAME as u32,
+                max_in_flight: 0,
+                instance: [0; 16],
+                read_only: false,
+                id_mapping: IdMapping::Squash,
+                challenge: Some(Challenge {
+                    server_nonce,
+                    server_proof: auth::proof(
+                        secret,
+                        Role::Server,
+                        &hello.client_nonce,
+                        &server_nonce,
+                    ),
+                }),
+            };
+            writer.write_all(&reply_frame(h.op, h.id, &Ok(Reply::Hello(challenge))))?;
+            writer.flush()?;
+            let (ah, req) = read_handshake_frame(&mut *reader, Op::Auth).map_err(|e| {
+                SessionError::Auth(format!(
+                    "{peer} did not prove it knows the secret ({e}); a client with a \
+                     different secret gives up here"
+                ))
+            })?;
+            let Request::Auth { proof } = req else {
+                unreachable!("read_handshake_frame checked the op")
+            };
+            if !auth::verify(
+                secret,
+                Role::Client,
+                &hello.client_nonce,
+                &server_nonce,
+                &proof,
+            ) {
+                let _ = writer.write_all(&reply_frame(ah.op, ah.id, &Err(WireErrno::EACCES)));
+                return Err(SessionError::Auth(format!(
+                    "{peer} does not know the secret (client {:?})",
+                    String::from_utf8_lossy(&hello.client_name)
+                )));
+            }
+            (ah.op, ah.id)
+        }
     };
-    let version_ok = hello.min_version <= PROTOCOL_VERSION && PROTOCOL_VERSION <= hello.max_version;
+    if let Some(s) = &socket {
+        s.set_read_timeout(None)?;
+    }
     // Push invalidations only if the root can be watched; otherwise the client revalidates.
     let wants_push = hello.features & features::PUSH_INVALIDATE != 0;
     let wants_events = hello.features & features::HOST_EVENTS != 0;
-    let fs = match ExportFs::new(export.clone(), version_ok && wants_push, wants_events) {
+    let owner = (hello.owner_uid, hello.owner_gid);
+    let fs = match ExportFs::new(export.clone(), wants_push, wants_events, owner) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {
-            let frame = reply_frame(h.op, h.id, &Err(e));
-            writer.write_all(&frame)?;
+            writer.write_all(&reply_frame(reply_op, reply_id, &Err(e)))?;
             return Err(SessionError::Protocol(format!(
                 "cannot open the export: {e}"
             )));
@@ -117,26 +185,18 @@ pub fn run_session(
             granted |= features::HOST_EVENTS;
         }
     }
-    let result = if version_ok {
-        Ok(Reply::Hello(HelloReply {
-            version: PROTOCOL_VERSION,
-            features: granted,
-            max_frame: MAX_FRAME_LEN as u32,
-            max_in_flight: limits.max_in_flight as u32,
-            instance: export.instance,
-            read_only: export.read_only,
-        }))
-    } else {
-        Err(WireErrno::EPROTO)
+    let terms = HelloReply {
+        version: PROTOCOL_VERSION,
+        features: granted,
+        max_frame: MAX_FRAME_LEN as u32,
+        max_in_flight: limits.max_in_flight as u32,
+        instance: export.instance,
+        read_only: export.read_only,
+        id_mapping: export.id_map.mode(),
+        challenge: None,
     };
-    writer.write_all(&reply_frame(h.op, h.id, &result))?;
+    writer.write_all(&reply_frame(reply_op, reply_id, &Ok(Reply::Hello(terms))))?;
     writer.flush()?;
-    if !version_ok {
-        return Err(SessionError::Protocol(format!(
-            "client speaks versions {}..={}, this server {}",
-            hello.min_version, hello.max_version, PROTOCOL_VERSION
-        )));
-    }
     tracing::info!(
         peer = %peer,
         client = %String::from_utf8_lossy(&hello.client_name),
@@ -227,6 +287,35 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
             let mut w = writer.lock().unwrap();
             write_frame(&mut **w, &frame)?;
         }
+    }
+}
+
+/// Reads one handshake frame, which must be a request for `op`.
+fn read_handshake_frame(
+    reader: &mut dyn std::io::Read,
+    op: Op,
+) -> Result<(FrameHeader, Request), SessionError> {
+    let (h, body) = read_frame(reader, HANDSHAKE_MAX_FRAME)
+        .map_err(handshake_io)?
+        .ok_or_else(|| SessionError::Protocol(format!("closed before {op:?}")))?;
+    if h.kind != FrameKind::Request || h.op != op as u16 {
+        return Err(SessionError::Protocol(format!(
+            "expected {op:?}, got op {}",
+            h.op
+        )));
+    }
+    let (_, req) =
+        Request::decode(h.op, body).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    Ok((h, req))
+}
+
+/// Names the usual cause of an I/O error during the handshake.
+fn handshake_io(e: io::Error) -> SessionError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            SessionError::Protocol("no handshake within the time limit".into())
+        }
+        _ => SessionError::Io(e),
     }
 }
 

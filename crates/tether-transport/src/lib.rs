@@ -6,11 +6,13 @@ pub mod framed;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// Where to listen or connect: `unix:/path/to.sock` or `tcp:HOST:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +74,54 @@ pub struct Stream {
     pub closer: Closer,
     /// Who is on the other side, for logs.
     pub peer: String,
+    /// The connecting process's credentials, on Unix sockets.
+    pub peer_cred: Option<PeerCred>,
+    /// The socket itself, to set timeouts (None for in-memory pipes).
+    pub socket: Option<Socket>,
+}
+
+/// Who connected to a Unix socket, as the kernel recorded it at connect time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (empty when the kernel cannot tell).
+    pub groups: Vec<u32>,
+}
+
+/// A handle on a stream's socket.
+pub enum Socket {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Socket {
+    /// Makes reads fail with WouldBlock/TimedOut after `t` without data (None: wait forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.set_read_timeout(t),
+            Socket::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+    fn try_clone(&self) -> io::Result<Socket> {
+        Ok(match self {
+            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+        })
+    }
+    fn shutdown(&self) {
+        let _ = match self {
+            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+    fn halves(&self) -> io::Result<(Box<dyn Read + Send>, Box<dyn Write + Send>)> {
+        Ok(match self {
+            Socket::Unix(s) => (Box::new(s.try_clone()?), Box::new(s.try_clone()?)),
+            Socket::Tcp(s) => (Box::new(s.try_clone()?), Box::new(s.try_clone()?)),
+        })
+    }
 }
 
 /// Shuts a stream down from any thread.
@@ -85,16 +135,20 @@ impl Closer {
 }
 
 impl Stream {
-    fn from_unix(s: UnixStream, peer: String) -> io::Result<Stream> {
-        let w = s.try_clone()?;
-        let c = s.try_clone()?;
+    fn from_socket(
+        socket: Socket,
+        peer: String,
+        peer_cred: Option<PeerCred>,
+    ) -> io::Result<Stream> {
+        let (reader, writer) = socket.halves()?;
+        let closing = socket.try_clone()?;
         Ok(Stream {
-            reader: Box::new(s),
-            writer: Box::new(w),
-            closer: Closer(Arc::new(move || {
-                let _ = c.shutdown(std::net::Shutdown::Both);
-            })),
+            reader,
+            writer,
+            closer: Closer(Arc::new(move || closing.shutdown())),
             peer,
+            peer_cred,
+            socket: Some(socket),
         })
     }
 
@@ -105,23 +159,65 @@ impl Stream {
             .peer_addr()
             .map(|a| format!("tcp:{a}"))
             .unwrap_or_else(|_| "tcp:?".into());
-        let w = s.try_clone()?;
-        let c = s.try_clone()?;
-        Ok(Stream {
-            reader: Box::new(s),
-            writer: Box::new(w),
-            closer: Closer(Arc::new(move || {
-                let _ = c.shutdown(std::net::Shutdown::Both);
-            })),
-            peer,
-        })
+        Stream::from_socket(Socket::Tcp(s), peer, None)
     }
+}
+
+/// The credentials of the process at the other end of a Unix socket.
+pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
+    let fd = s.as_raw_fd();
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len describe a valid, writable ucred buffer.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+    // SAFETY: groups and len describe a valid, writable buffer of gid_t.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
+    } else {
+        groups.clear();
+    }
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+        groups,
+    })
 }
 
 /// Connects to a server.
 pub fn connect(addr: &Address) -> io::Result<Stream> {
     match addr {
-        Address::Unix(p) => Stream::from_unix(UnixStream::connect(p)?, addr.to_string()),
+        Address::Unix(p) => Stream::from_socket(
+            Socket::Unix(UnixStream::connect(p)?),
+            addr.to_string(),
+            None,
+        ),
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
     }
 }
@@ -141,9 +237,10 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Binds `addr`. A Unix socket is created mode 0600 (only the serving user may connect);
-    /// a stale socket file left by a dead server is replaced, a live one is an error.
-    pub fn bind(addr: &Address) -> io::Result<Listener> {
+    /// Binds `addr`. A Unix socket is created mode 0600, so only the serving user may
+    /// connect, or 0660 owned by `socket_group` to admit that group as well. A stale socket
+    /// file left by a dead server is replaced, a live one is an error.
+    pub fn bind(addr: &Address, socket_group: Option<u32>) -> io::Result<Listener> {
         match addr {
             Address::Unix(path) => {
                 if path.exists() {
@@ -155,8 +252,18 @@ impl Listener {
                     }
                     std::fs::remove_file(path)?;
                 }
-                let listener = UnixListener::bind(path)?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                // Created 0600 from the start: no moment where others could connect.
+                // SAFETY: umask only changes this process's file creation mask; it is
+                // restored right after.
+                let old = unsafe { libc::umask(0o177) };
+                let bound = UnixListener::bind(path);
+                // SAFETY: as above.
+                unsafe { libc::umask(old) };
+                let listener = bound?;
+                if let Some(gid) = socket_group {
+                    std::os::unix::fs::chown(path, None, Some(gid))?;
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+                }
                 Ok(Listener::Unix {
                     listener,
                     path: path.clone(),
@@ -178,7 +285,9 @@ impl Listener {
         match self {
             Listener::Unix { listener, path } => {
                 let (s, _) = listener.accept()?;
-                Stream::from_unix(s, format!("unix:{}", path.display()))
+                let cred = peer_cred(&s)?;
+                let peer = format!("unix:{} pid {} uid {}", path.display(), cred.pid, cred.uid);
+                Stream::from_socket(Socket::Unix(s), peer, Some(cred))
             }
             Listener::Tcp(l) => Stream::from_tcp(l.accept()?.0),
         }
@@ -269,6 +378,8 @@ fn memory_end(incoming: Arc<Pipe>, outgoing: Arc<Pipe>, peer: &str) -> Stream {
             o.close();
         })),
         peer: peer.to_string(),
+        peer_cred: None,
+        socket: None,
     }
 }
 

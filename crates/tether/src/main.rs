@@ -1,16 +1,20 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
 mod bench;
+mod secret;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::thread;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tether_client::mount::{unmount, MountOptions, Mounted};
+use tether_client::rpc::ConnectOptions;
 use tether_client::{CachePolicy, Coherence, Connection};
-use tether_server::{Export, ExportOptions, SessionLimits};
+use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
 #[derive(Parser)]
@@ -42,6 +46,26 @@ enum Command {
         /// Most node descriptors held open at once (default: half the open-file limit).
         #[arg(long, default_value_t = 0)]
         max_node_fds: usize,
+        /// Most open files and directories per client (default: a quarter of the open-file
+        /// limit).
+        #[arg(long, default_value_t = 0)]
+        max_handles: usize,
+        /// The secret clients must prove they know. Required on TCP, where it defaults to
+        /// ~/.config/tether/secret (created, mode 0600, on first use); optional on Unix
+        /// sockets, which admit only the serving user (and --socket-group) anyway.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// Also admit members of this group to the Unix socket (created 0660 instead of 0600).
+        #[arg(long)]
+        socket_group: Option<String>,
+        /// File ownership as guests see it: squash (every file is the guest owner's, new
+        /// files are the serving user's), passthrough (host ids as they are), or a list like
+        /// uid:1000:501,gid:1000:20 (guest:host pairs).
+        #[arg(long, default_value = "squash")]
+        map_ids: String,
+        /// Seconds a new connection may take to greet and authenticate.
+        #[arg(long, default_value_t = 10.0)]
+        handshake_timeout: f64,
     },
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     Mount {
@@ -65,6 +89,25 @@ enum Command {
         /// Do not raise inotify events in the guest for changes made on the host.
         #[arg(long)]
         no_watch_events: bool,
+        /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
+        /// to ~/.config/tether/secret when that exists.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// The guest user files appear to belong to when the server squashes ownership
+        /// (default: the owner of MOUNTPOINT).
+        #[arg(long)]
+        uid: Option<u32>,
+        /// The guest group files appear to belong to (default: the group of MOUNTPOINT).
+        #[arg(long)]
+        gid: Option<u32>,
+    },
+    /// Connect and authenticate to a server, and report what it offers; changes nothing.
+    Check {
+        /// The server: unix:/path/to.sock or tcp:HOST:PORT.
+        address: String,
+        /// As for mount.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
@@ -108,6 +151,41 @@ fn parse_address(s: &str) -> Result<Address> {
     s.parse::<Address>().map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// The secret a client offers: --secret-file, else the default file if it exists.
+fn client_secret(secret_file: Option<PathBuf>) -> Result<Option<Vec<u8>>> {
+    let path = match secret_file {
+        Some(p) => p,
+        None => match secret::default_path() {
+            Ok(p) if p.exists() => p,
+            _ => return Ok(None),
+        },
+    };
+    secret::load(&path).map(Some)
+}
+
+/// Connects and performs the handshake (authenticating if the server asks).
+fn connect(addr: &Address, opts: ConnectOptions) -> Result<Arc<Connection>> {
+    let stream =
+        tether_transport::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
+    Connection::start_with(stream, opts).with_context(|| format!("handshake with {addr} failed"))
+}
+
+/// A group name (or number) as a gid.
+fn group_id(name: &str) -> Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let cname = std::ffi::CString::new(name).context("group name contains NUL")?;
+    // SAFETY: getgrnam reads a NUL-terminated name; the result is copied before any other
+    // call could reuse its static buffer (this runs once, at startup).
+    let gr = unsafe { libc::getgrnam(cname.as_ptr()) };
+    if gr.is_null() {
+        bail!("no such group: {name}");
+    }
+    // SAFETY: gr is non-null and points to a valid group entry.
+    Ok(unsafe { (*gr).gr_gid })
+}
+
 fn run(cmd: Command) -> Result<()> {
     match cmd {
         Command::Serve {
@@ -115,29 +193,56 @@ fn run(cmd: Command) -> Result<()> {
             listen,
             read_only,
             max_node_fds,
+            max_handles,
+            secret_file,
+            socket_group,
+            map_ids,
+            handshake_timeout,
         } => {
-            let addr = parse_address(&listen)?;
-            if let Address::Tcp(hostport) = &addr {
-                let loopback = tether_transport::is_loopback(hostport)
-                    .with_context(|| format!("cannot resolve {hostport}"))?;
-                if !loopback {
-                    bail!(
-                        "refusing to listen on {hostport}: TCP peers are not authenticated yet, so \
-                         only loopback addresses (127.0.0.1, [::1]) are allowed; use a Unix socket \
-                         or an ssh tunnel to reach other machines"
-                    );
-                }
+            if !(0.01..=3600.0).contains(&handshake_timeout) {
+                bail!("--handshake-timeout must be between 0.01 and 3600 seconds");
             }
+            let addr = parse_address(&listen)?;
+            let id_map: IdMap = map_ids.parse()?;
+            let socket_group = socket_group.as_deref().map(group_id).transpose()?;
+            if socket_group.is_some() && !matches!(addr, Address::Unix(_)) {
+                bail!("--socket-group applies to Unix sockets only");
+            }
+            let secret = match (&addr, secret_file) {
+                (_, Some(path)) => Some(secret::load(&path)?),
+                (Address::Tcp(hostport), None) => {
+                    let path = secret::default_path()?;
+                    let (secret, created) = secret::load_or_create(&path)?;
+                    if created {
+                        eprintln!(
+                            "tether: created a new secret in {}: copy it to each guest and \
+                             mount with --secret-file",
+                            path.display()
+                        );
+                    }
+                    let loopback = tether_transport::is_loopback(hostport).unwrap_or(false);
+                    if !loopback {
+                        eprintln!(
+                            "tether: note: clients must prove they know the secret, but the \
+                             traffic itself is not encrypted; on an untrusted network use ssh"
+                        );
+                    }
+                    Some(secret)
+                }
+                (Address::Unix(_), None) => None,
+            };
             let export = Export::open(
                 &dir,
                 &ExportOptions {
                     read_only,
                     max_node_fds,
+                    max_handles,
+                    id_map,
                 },
             )
             .with_context(|| format!("cannot export {}", dir.display()))?;
-            let listener =
-                Listener::bind(&addr).with_context(|| format!("cannot listen on {addr}"))?;
+            let listener = Listener::bind(&addr, socket_group)
+                .with_context(|| format!("cannot listen on {addr}"))?;
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
@@ -158,7 +263,19 @@ fn run(cmd: Command) -> Result<()> {
                 export.root_path.display(),
                 if read_only { " (read-only)" } else { "" }
             );
-            tether_server::serve(export, listener, SessionLimits::default())?;
+            tether_server::serve(
+                export,
+                listener,
+                ServeOptions {
+                    secret: secret.map(Arc::new),
+                    socket_group,
+                    limits: SessionLimits {
+                        handshake_timeout: std::time::Duration::from_secs_f64(handshake_timeout),
+                        ..SessionLimits::default()
+                    },
+                    ..ServeOptions::default()
+                },
+            )?;
             Ok(())
         }
         Command::Mount {
@@ -169,17 +286,20 @@ fn run(cmd: Command) -> Result<()> {
             threads,
             no_push,
             no_watch_events,
+            secret_file,
+            uid,
+            gid,
         } => {
             let addr = parse_address(&address)?;
-            if !mountpoint.is_dir() {
+            let mp_meta = std::fs::metadata(&mountpoint).with_context(|| {
+                format!("mount point {} is not a directory", mountpoint.display())
+            })?;
+            if !mp_meta.is_dir() {
                 bail!("mount point {} is not a directory", mountpoint.display());
             }
             if !(0.0..=86400.0 * 365.0).contains(&attr_timeout) {
                 bail!("--attr-timeout must be between 0 and one year of seconds");
             }
-            let stream = tether_transport::connect(&addr)
-                .with_context(|| format!("cannot connect to {addr}"))?;
-            let name = format!("tether-mount {}", env!("CARGO_PKG_VERSION"));
             let co = Coherence::new();
             let on_push: Option<tether_client::rpc::PushHandler> = if no_push {
                 None
@@ -187,8 +307,16 @@ fn run(cmd: Command) -> Result<()> {
                 let co = co.clone();
                 Some(Box::new(move |h, body| co.on_push(h, body)))
             };
-            let conn = Connection::start(stream, &name, on_push, !no_watch_events)
-                .with_context(|| format!("handshake with {addr} failed"))?;
+            let conn = connect(
+                &addr,
+                ConnectOptions {
+                    client_name: format!("tether-mount {}", env!("CARGO_PKG_VERSION")),
+                    on_push,
+                    host_events: !no_watch_events,
+                    secret: client_secret(secret_file)?,
+                    owner: (uid.unwrap_or(mp_meta.uid()), gid.unwrap_or(mp_meta.gid())),
+                },
+            )?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);
             let opts = MountOptions {
                 cache: CachePolicy {
@@ -226,6 +354,33 @@ fn run(cmd: Command) -> Result<()> {
             eprintln!("tether: mounted {addr} on {}", mountpoint.display());
             mounted.run()?;
             eprintln!("tether: unmounted {}", mountpoint.display());
+            Ok(())
+        }
+        Command::Check {
+            address,
+            secret_file,
+        } => {
+            let addr = parse_address(&address)?;
+            let conn = connect(
+                &addr,
+                ConnectOptions {
+                    client_name: format!("tether-check {}", env!("CARGO_PKG_VERSION")),
+                    secret: client_secret(secret_file)?,
+                    ..ConnectOptions::default()
+                },
+            )?;
+            let h = &conn.hello;
+            println!(
+                "ok: {addr} speaks protocol {}, {}, ownership {:?}",
+                h.version,
+                if h.read_only {
+                    "read-only"
+                } else {
+                    "read-write"
+                },
+                h.id_mapping
+            );
+            conn.shut_down();
             Ok(())
         }
         Command::Status { mountpoint } => {

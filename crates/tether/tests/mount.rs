@@ -5,7 +5,7 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -98,8 +98,13 @@ fn tcp_loopback_mount_works() {
         .unwrap()
         .port();
     let addr = format!("tcp:127.0.0.1:{port}");
-    let _server = Server::start(&export, &addr, &[]);
-    let mut m = Mount::start(&addr, &mnt, &[]);
+    // TCP peers must know the server's secret (never the real ~/.config one in tests).
+    let secret = dir.path().join("secret");
+    fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let secret_arg = ["--secret-file", secret.to_str().unwrap()];
+    let _server = Server::start(&export, &addr, &secret_arg);
+    let mut m = Mount::start(&addr, &mnt, &secret_arg);
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"over tcp");
     fs::write(mnt.join("g"), b"back").unwrap();
     assert_eq!(fs::read(export.join("g")).unwrap(), b"back");
@@ -145,12 +150,30 @@ fn bad_command_lines_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
 
-    let (ok, err) = run_tether(&["serve", d, "--listen", "tcp:0.0.0.0:7070"]);
+    // A secret others can read is no secret: refused, on both sides.
+    let loose = dir.path().join("loose-secret");
+    fs::write(&loose, "0123456789abcdef0123456789abcdef").unwrap();
+    fs::set_permissions(&loose, fs::Permissions::from_mode(0o644)).unwrap();
+    let loose = loose.to_str().unwrap();
+    let (ok, err) = run_tether(&[
+        "serve",
+        d,
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--secret-file",
+        loose,
+    ]);
     assert!(!ok);
     assert!(
-        err.contains("not authenticated") && err.contains("loopback"),
+        err.contains("readable by others") && err.contains("chmod 600"),
         "{err}"
     );
+    let (ok, err) = run_tether(&["check", "tcp:127.0.0.1:1", "--secret-file", loose]);
+    assert!(!ok);
+    assert!(err.contains("readable by others"), "{err}");
+    let (ok, err) = run_tether(&["serve", d, "--listen", "tcp:127.0.0.1:0", "--map-ids", "x"]);
+    assert!(!ok);
+    assert!(err.contains("uid:GUEST:HOST"), "{err}");
 
     let (ok, err) = run_tether(&["serve", d, "--listen", "/no/scheme.sock"]);
     assert!(!ok);

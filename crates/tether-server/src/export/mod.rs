@@ -4,6 +4,7 @@
 //! checked, and every syscall is relative to a held descriptor with no-follow flags.
 
 mod changes;
+pub mod ids;
 mod nodes;
 mod ops;
 pub mod sys;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use changes::Changes;
+pub use ids::{IdMap, SessionIds};
 pub use nodes::{FdBudget, Node, NodeTable};
 pub use ops::ExportFs;
 use tether_proto::WireErrno;
@@ -33,6 +35,8 @@ pub struct Export {
     pub max_handles: usize,
     /// True when the server runs as root and so can create files as the guest's caller.
     pub creds_switch: bool,
+    /// How ownership appears to guests and what chown does.
+    pub id_map: IdMap,
     pub instance: [u8; 16],
 }
 
@@ -41,6 +45,9 @@ pub struct ExportOptions {
     pub read_only: bool,
     /// Most node descriptors held at once (0: derive from the open-file limit).
     pub max_node_fds: usize,
+    /// Most open file and directory handles per session (0: derive from the open-file limit).
+    pub max_handles: usize,
+    pub id_map: IdMap,
 }
 
 impl Export {
@@ -72,7 +79,11 @@ impl Export {
             // sockets, per-request reopens and the server's own needs.
             (limit / 2).clamp(64, 1 << 20)
         };
-        let max_handles = (limit / 4).clamp(16, 65_536);
+        let max_handles = if opts.max_handles > 0 {
+            opts.max_handles
+        } else {
+            (limit / 4).clamp(16, 65_536)
+        };
         // The kernel already applied the guest's umask; ours must not apply a second one.
         // SAFETY: umask only changes this process's file creation mask.
         unsafe { libc::umask(0) };
@@ -88,6 +99,7 @@ impl Export {
             budget: FdBudget::new(cap),
             max_handles,
             creds_switch,
+            id_map: opts.id_map.clone(),
             instance,
         }))
     }

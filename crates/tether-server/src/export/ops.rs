@@ -12,6 +12,7 @@ use tether_proto::{
     SetTime, Timespec, WireErrno, ROOT_NODE,
 };
 
+use super::ids::SessionIds;
 use super::nodes::{Node, NodeTable};
 use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
@@ -34,6 +35,8 @@ pub struct ExportFs {
     pub host_events: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
     pub(super) foreign_writers: DashMap<(u64, u64), ()>,
+    /// Ownership as this session's guest sees it.
+    pub ids: SessionIds,
 }
 
 /// Checks a single path component from the guest.
@@ -81,7 +84,13 @@ pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
 impl ExportFs {
     /// A session's view of the export; with `watch`, changes to what the client holds are
     /// reported by [`ExportFs::changes`], with the host events behind them if `host_events`.
-    pub fn new(export: Arc<Export>, watch: bool, host_events: bool) -> SysResult<ExportFs> {
+    /// Files appear owned by guest `owner` (uid, gid) where the export squashes ownership.
+    pub fn new(
+        export: Arc<Export>,
+        watch: bool,
+        host_events: bool,
+        owner: (u32, u32),
+    ) -> SysResult<ExportFs> {
         let root = export
             .root_fd()
             .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
@@ -97,7 +106,14 @@ impl ExportFs {
         } else {
             None
         };
+        let ids = SessionIds {
+            map: export.id_map.clone(),
+            owner_uid: owner.0,
+            owner_gid: owner.1,
+            can_switch: export.creds_switch,
+        };
         let fs = ExportFs {
+            ids,
             export,
             nodes,
             handles: DashMap::new(),
@@ -128,6 +144,7 @@ impl ExportFs {
     }
 
     fn attr_of(&self, st: &libc::stat, id: NodeId) -> Attr {
+        let (uid, gid) = self.ids.guest_owner(st.st_uid, st.st_gid);
         Attr {
             ino: id,
             size: st.st_size as u64,
@@ -137,8 +154,8 @@ impl ExportFs {
             ctime: ts(st.st_ctime, st.st_ctime_nsec),
             mode: st.st_mode,
             nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
+            uid,
+            gid,
             rdev: st.st_rdev,
             blksize: st.st_blksize as u32,
             // Reserved: replies are ordered against invalidations by push sequence on the
@@ -283,13 +300,15 @@ impl ExportFs {
         r
     }
 
-    /// Runs a creating syscall as the guest's caller, so the new file is theirs.
+    /// Runs a creating syscall as the host user the id mapping gives the guest's caller, so
+    /// the new file is theirs (or as the serving user, when squashing).
     fn as_caller<T>(&self, caller: Caller, f: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
-        if self.export.creds_switch {
-            let _creds = FsCreds::switch(caller.uid, caller.gid);
-            f()
-        } else {
-            f()
+        match self.ids.creator(caller)? {
+            Some((uid, gid)) => {
+                let _creds = FsCreds::switch(uid, gid);
+                f()
+            }
+            None => f(),
         }
     }
 
@@ -314,11 +333,23 @@ impl ExportFs {
         if fh != 0 {
             return self.file(fh);
         }
-        let (n, fd) = self.node_fd(node)?;
+        let (n, fd) = self.openable_node(node)?;
         if n.is_dir() {
             return Err(WireErrno::EISDIR);
         }
         Ok(Arc::new(Handle::File(self.reopen(&fd, flags)?)))
+    }
+
+    /// A node the server may open for I/O: a regular file or a directory. The guest kernel
+    /// runs FIFOs, sockets and devices itself and never asks to open them; opening a FIFO
+    /// here would block a worker until someone opened the other end.
+    fn openable_node(&self, node: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        let (n, fd) = self.node_fd(node)?;
+        match n.kind {
+            libc::S_IFREG | libc::S_IFDIR => Ok((n, fd)),
+            libc::S_IFLNK => Err(WireErrno::ELOOP),
+            _ => Err(WireErrno::ENXIO),
+        }
     }
 
     fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
@@ -381,7 +412,7 @@ impl ExportFs {
     fn execute(&self, caller: Caller, req: Request) -> SysResult<Reply> {
         use Request::*;
         match req {
-            Hello(_) => Err(WireErrno::EINVAL),
+            Hello(_) | Auth { .. } => Err(WireErrno::EINVAL),
             Ping => Ok(Reply::Empty),
             Lookup { parent, name } => {
                 let name = component(&name)?;
@@ -526,7 +557,7 @@ impl ExportFs {
                     .map(Reply::Entry)
             }
             Open { node, flags } => {
-                let (n, fd) = self.node_fd(node)?;
+                let (n, fd) = self.openable_node(node)?;
                 if n.is_dir() && flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32 {
                     return Err(WireErrno::EISDIR);
                 }
@@ -622,7 +653,7 @@ impl ExportFs {
                 let h = if fh != 0 {
                     self.handle(fh)?
                 } else {
-                    let (_, fd) = self.node_fd(node)?;
+                    let (_, fd) = self.openable_node(node)?;
                     Arc::new(Handle::File(self.reopen(&fd, libc::O_RDONLY)?))
                 };
                 match &*h {
@@ -780,7 +811,10 @@ impl ExportFs {
         if set.valid & (setattr_valid::UID | setattr_valid::GID) != 0 {
             let uid = (set.valid & setattr_valid::UID != 0).then_some(set.uid);
             let gid = (set.valid & setattr_valid::GID != 0).then_some(set.gid);
-            sys::fchown_empty(fd.as_fd(), uid, gid)?;
+            let (uid, gid) = self.ids.chown(uid, gid)?;
+            if uid.is_some() || gid.is_some() {
+                sys::fchown_empty(fd.as_fd(), uid, gid)?;
+            }
         }
         if set.valid & setattr_valid::SIZE != 0 {
             if n.is_dir() {
@@ -872,7 +906,8 @@ impl ExportFs {
                 return false;
             }
             let dots = raw.name == b"." || raw.name == b"..";
-            let ino = if raw.name == b"." {
+            // The root's ".." is outside the export: it shows as the root itself.
+            let ino = if raw.name == b"." || (node == ROOT_NODE && raw.name == b"..") {
                 node
             } else {
                 self.nodes.id_for(self.nodes.root_dev(), raw.ino)
@@ -933,7 +968,8 @@ fn xattr_name(name: &[u8]) -> SysResult<CString> {
             WireErrno::ERANGE
         });
     }
-    Ok(CString::new(name).expect("a component has no NUL"))
+    // Unlike a component, an xattr name is not checked for NUL on the way in.
+    CString::new(name).map_err(|_| WireErrno::EINVAL)
 }
 
 /// getxattr/listxattr: with size 0 report the size, else return the value or ERANGE.
