@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use tether_proto::IdMapping;
 
 use crate::coherence::Coherence;
 use crate::rpc::Connection;
@@ -102,10 +103,18 @@ fn answer(
         ),
         None => "off".into(),
     };
-    let report = format!(
-        "mount: {mp}\nserver: {}\nconnection: {}\ncaching: {caching}\nunwatched nodes: {unwatched}\n\
-         pushes received: {}\ninvalidations applied: {}\nhost events: {events}\n",
+    let ownership = match conn.hello.id_mapping {
+        IdMapping::Squash => "squash (every file appears to be the mount owner's)",
+        IdMapping::Passthrough => "passthrough (host ids as they are)",
+        IdMapping::Mapped => "mapped (the server's uid/gid table)",
+    };
+    let report =
+        format!(
+        "mount: {mp}\nserver: {}{}\nconnection: {}\nownership: {ownership}\ncaching: {caching}\n\
+         unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
+         host events: {events}\n",
         conn.peer,
+        if conn.hello.read_only { " (read-only export)" } else { "" },
         if conn.is_closed() { "lost" } else { "up" },
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
