@@ -40,15 +40,24 @@ pub struct Server {
 impl Server {
     /// Starts `tether serve DIR --listen ADDRESS EXTRA...` and waits until it listens.
     pub fn start(dir: &Path, address: &str, extra: &[&str]) -> Server {
-        let child = Command::new(TETHER)
-            .arg("serve")
+        Self::spawn(dir, address, extra, |_| {})
+    }
+
+    fn spawn(
+        dir: &Path,
+        address: &str,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Server {
+        let mut cmd = Command::new(TETHER);
+        cmd.arg("serve")
             .arg(dir)
             .args(["--listen", address])
             .args(extra)
             .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start tether serve");
+            .stderr(Stdio::inherit());
+        adjust(&mut cmd);
+        let child = cmd.spawn().expect("start tether serve");
         let server = Server {
             child,
             address: address.to_string(),
@@ -223,22 +232,8 @@ impl Server {
     /// must be root) and waits until it listens.
     pub fn start_as(dir: &Path, address: &str, extra: &[&str], uid: u32, gid: u32) -> Server {
         use std::os::unix::process::CommandExt;
-        let child = Command::new(TETHER)
-            .arg("serve")
-            .arg(dir)
-            .args(["--listen", address])
-            .args(extra)
-            .uid(uid)
-            .gid(gid)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start tether serve");
-        let server = Server {
-            child,
-            address: address.to_string(),
-        };
-        server.wait_listening();
-        server
+        Self::spawn(dir, address, extra, |cmd| {
+            cmd.uid(uid).gid(gid);
+        })
     }
 }
