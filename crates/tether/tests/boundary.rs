@@ -3151,10 +3151,6 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
 }
 
 #[test]
-#[ignore = "BUG: a host inode number reused while the client still holds the old node gets \
-            the old node's generation (and kind): NodeTable::remember in \
-            tether-server/src/export/nodes.rs keeps the existing Node for the id, and \
-            NodeTable::fd only compares (dev, ino), so requests for the old file act on the new"]
 fn a_reused_inode_number_is_a_new_node_generation() {
     let fx = Fixture::new(&["--max-node-fds", "16"]);
     let c = fx.client();
@@ -3180,11 +3176,23 @@ fn a_reused_inode_number_is_a_new_node_generation() {
         return;
     };
     let new = c.lookup(ROOT_CALLER, ROOT_NODE, &name);
-    assert_eq!(new.node, old.node);
-    assert_ne!(
-        new.generation, old.generation,
+    assert!(
+        new.node != old.node || new.generation != old.generation,
         "{name} reuses the inode number of the deleted \"old\" and got the same node id and \
          generation: the client cannot tell the two files apart"
+    );
+    // Requests for the old node must not reach the new file.
+    assert_eq!(
+        c.call(
+            ROOT_CALLER,
+            &Request::Getattr {
+                node: old.node,
+                fh: 0
+            }
+        )
+        .map(|_| ()),
+        Err(WireErrno::ESTALE),
+        "the deleted file's node answers for {name}"
     );
     fx.finish();
 }

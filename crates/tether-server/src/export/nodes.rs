@@ -8,6 +8,10 @@
 //! Descriptors are bounded: each node holds an O_PATH descriptor while it can, and the
 //! oldest ones are closed when the export-wide budget is exceeded. A node without a
 //! descriptor is found again by (parent, name) and checked against its inode number.
+//!
+//! An inode number can be reused once the file is gone and no descriptor holds it. A node is
+//! therefore also identified by its kind and birth time: a new file that got a held node's
+//! number gets a synthetic id of its own, and the old node answers ESTALE.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -34,6 +38,8 @@ pub struct Node {
     pub ino: u64,
     /// S_IFMT bits of the node.
     pub kind: u32,
+    /// Birth time, where the file system records it.
+    birth: Option<(i64, u32)>,
     fd: RwLock<Option<Arc<OwnedFd>>>,
     location: Mutex<Option<Location>>,
     /// Lookups the client holds; changed only under the table's entry lock.
@@ -53,6 +59,19 @@ impl Node {
     }
     pub fn is_symlink(&self) -> bool {
         self.kind == libc::S_IFLNK
+    }
+
+    /// Whether `st` (with birth time `birth`) is this node's file, not a later one that got
+    /// the same inode number.
+    fn same_file(&self, st: &libc::stat, birth: Option<(i64, u32)>) -> bool {
+        st.st_dev == self.dev
+            && st.st_ino == self.ino
+            && st.st_mode & libc::S_IFMT == self.kind
+            && (self.birth.is_none() || birth.is_none() || self.birth == birth)
+    }
+
+    fn has_fd(&self) -> bool {
+        self.fd.read().unwrap().is_some()
     }
 }
 
@@ -121,8 +140,11 @@ impl FdBudget {
 
 pub struct NodeTable {
     nodes: DashMap<NodeId, Arc<Node>>,
-    /// Synthetic ids for inodes on other file systems than the export root's.
+    /// Synthetic ids for inodes on other file systems than the export root's, and for files
+    /// that got the inode number of a node the client still holds.
     foreign: DashMap<(u64, u64), NodeId>,
+    /// Whether any file of the root's file system has a synthetic id (skips a lookup).
+    any_reused: AtomicBool,
     next_foreign: AtomicU64,
     next_generation: AtomicU64,
     root_dev: u64,
@@ -138,6 +160,7 @@ impl NodeTable {
         let table = NodeTable {
             nodes: DashMap::new(),
             foreign: DashMap::new(),
+            any_reused: AtomicBool::new(false),
             next_foreign: AtomicU64::new(FOREIGN_BASE),
             next_generation: AtomicU64::new(1),
             root_dev: st.st_dev,
@@ -150,6 +173,7 @@ impl NodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             kind: libc::S_IFDIR,
+            birth: sys::birth_time(root_fd.as_fd()),
             fd: RwLock::new(Some(Arc::new(root_fd))),
             location: Mutex::new(None),
             lookups: AtomicU64::new(1),
@@ -177,7 +201,9 @@ impl NodeTable {
 
     /// The id the guest sees for a host inode.
     pub fn id_for(&self, dev: u64, ino: u64) -> NodeId {
-        if dev == self.root_dev && ino != ROOT_NODE && ino < FOREIGN_BASE {
+        let reassigned =
+            || self.any_reused.load(Ordering::Relaxed) && self.foreign.contains_key(&(dev, ino));
+        if dev == self.root_dev && ino != ROOT_NODE && ino < FOREIGN_BASE && !reassigned() {
             if ino == self.root_ino {
                 return ROOT_NODE;
             }
@@ -205,7 +231,14 @@ impl NodeTable {
         parent: NodeId,
         name: CString,
     ) -> Arc<Node> {
-        let id = self.id_for(st.st_dev, st.st_ino);
+        let mut id = self.id_for(st.st_dev, st.st_ino);
+        // A held node whose descriptor was evicted may be an older file with this number.
+        let held = self.nodes.get(&id).map(|n| n.clone());
+        if let Some(old) = held.filter(|n| !n.has_fd()) {
+            if !old.same_file(st, sys::birth_time(fd.as_fd())) {
+                id = self.reassign(st.st_dev, st.st_ino, id);
+            }
+        }
         let location = Location { parent, name };
         let node = {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
@@ -215,6 +248,7 @@ impl NodeTable {
                     dev: st.st_dev,
                     ino: st.st_ino,
                     kind: st.st_mode & libc::S_IFMT,
+                    birth: sys::birth_time(fd.as_fd()),
                     fd: RwLock::new(None),
                     location: Mutex::new(None),
                     lookups: AtomicU64::new(0),
@@ -242,6 +276,21 @@ impl NodeTable {
             self.budget.opened(&node);
         }
         node
+    }
+
+    /// Gives (dev, ino), whose id `old` now belongs to an older file the client still holds,
+    /// a synthetic id of its own.
+    fn reassign(&self, dev: u64, ino: u64, old: NodeId) -> NodeId {
+        self.any_reused.store(true, Ordering::Relaxed);
+        let mut id = self
+            .foreign
+            .entry((dev, ino))
+            .or_insert_with(|| self.next_foreign.fetch_add(1, Ordering::Relaxed));
+        if *id == old {
+            // Reused twice: the synthetic id is the stale one now.
+            *id = self.next_foreign.fetch_add(1, Ordering::Relaxed);
+        }
+        *id
     }
 
     /// Drops `count` lookups; returns the node if it left the table (none are left).
@@ -295,8 +344,9 @@ impl NodeTable {
             }
         })?;
         let st = sys::fstat(fd.as_fd())?;
-        if st.st_dev != node.dev || st.st_ino != node.ino {
-            // The name now refers to another file: the node we knew is gone from there.
+        if !node.same_file(&st, sys::birth_time(fd.as_fd())) {
+            // The name now refers to another file (perhaps with the same inode number): the
+            // node we knew is gone from there.
             return Err(WireErrno::ESTALE);
         }
         let fd = Arc::new(fd);

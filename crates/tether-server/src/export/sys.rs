@@ -71,6 +71,29 @@ pub fn fstat(fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// The inode's birth time, where the file system records one: with the inode number it tells
+/// a file from a later one that got the same number.
+pub fn birth_time(fd: BorrowedFd<'_>) -> Option<(i64, u32)> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty path with AT_EMPTY_PATH names fd itself; stx is writable memory of
+    // the right size.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx succeeded (and the buffer was zeroed before).
+    let stx = unsafe { stx.assume_init() };
+    (stx.stx_mask & libc::STATX_BTIME != 0).then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec))
+}
+
 pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid C string and writable stat buffer.
