@@ -171,8 +171,8 @@ fn tether_as(uid: u32, gid: u32, groups: &[u32], args: &[&str]) -> Output {
             &format!("--reuid={uid}"),
             &format!("--regid={gid}"),
             &groups,
-            TETHER,
         ])
+        .arg(common::tether_for_others())
         .args(args)
         .env("HOME", "/nonexistent")
         .output()

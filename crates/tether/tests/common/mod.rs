@@ -9,6 +9,32 @@ use std::time::{Duration, Instant};
 
 pub const TETHER: &str = env!("CARGO_BIN_EXE_tether");
 
+/// A copy of the tether binary that other users can run: the build directory may sit under
+/// a home directory they cannot enter. One copy per build, reused across runs.
+pub fn tether_for_others() -> PathBuf {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let meta = std::fs::metadata(TETHER).unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "tether-test-bin-{}-{}",
+            meta.size(),
+            meta.mtime_nsec() ^ meta.mtime()
+        ));
+        let bin = dir.join("tether");
+        if !bin.exists() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let tmp = dir.join(format!("tether.{}", std::process::id()));
+            std::fs::copy(TETHER, &tmp).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::rename(&tmp, &bin).unwrap();
+        }
+        bin
+    })
+    .clone()
+}
+
 /// Why real-mount tests cannot run here, if they cannot.
 pub fn mount_unavailable() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
@@ -40,16 +66,17 @@ pub struct Server {
 impl Server {
     /// Starts `tether serve DIR --listen ADDRESS EXTRA...` and waits until it listens.
     pub fn start(dir: &Path, address: &str, extra: &[&str]) -> Server {
-        Self::spawn(dir, address, extra, |_| {})
+        Self::spawn(Path::new(TETHER), dir, address, extra, |_| {})
     }
 
     fn spawn(
+        bin: &Path,
         dir: &Path,
         address: &str,
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> Server {
-        let mut cmd = Command::new(TETHER);
+        let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .arg(dir)
             .args(["--listen", address])
@@ -232,7 +259,7 @@ impl Server {
     /// must be root) and waits until it listens.
     pub fn start_as(dir: &Path, address: &str, extra: &[&str], uid: u32, gid: u32) -> Server {
         use std::os::unix::process::CommandExt;
-        Self::spawn(dir, address, extra, |cmd| {
+        Self::spawn(&tether_for_others(), dir, address, extra, |cmd| {
             cmd.uid(uid).gid(gid);
         })
     }
