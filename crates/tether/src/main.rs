@@ -66,6 +66,9 @@ enum Command {
         /// Seconds a new connection may take to greet and authenticate.
         #[arg(long, default_value_t = 10.0)]
         handshake_timeout: f64,
+        /// Clients served at once; further connections are closed with a logged reason.
+        #[arg(long, default_value_t = 128)]
+        max_sessions: usize,
     },
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     Mount {
@@ -198,6 +201,7 @@ fn run(cmd: Command) -> Result<()> {
             socket_group,
             map_ids,
             handshake_timeout,
+            max_sessions,
         } => {
             if !(0.01..=3600.0).contains(&handshake_timeout) {
                 bail!("--handshake-timeout must be between 0.01 and 3600 seconds");
@@ -269,11 +273,11 @@ fn run(cmd: Command) -> Result<()> {
                 ServeOptions {
                     secret: secret.map(Arc::new),
                     socket_group,
+                    max_sessions,
                     limits: SessionLimits {
                         handshake_timeout: std::time::Duration::from_secs_f64(handshake_timeout),
                         ..SessionLimits::default()
                     },
-                    ..ServeOptions::default()
                 },
             )?;
             Ok(())

@@ -790,6 +790,45 @@ fn a_silent_connection_is_closed_after_the_handshake_timeout() {
 }
 
 #[test]
+fn connections_beyond_the_session_limit_are_refused_until_one_ends() {
+    let dir = open_tempdir();
+    let server = unix_server(&dir, &["--max-sessions", "2"]);
+    let addr = server.addr();
+    let mut a = RawClient::ready(&addr);
+    let _b = RawClient::ready(&addr);
+    let Address::Unix(path) = &addr else {
+        unreachable!()
+    };
+    let mut third = std::os::unix::net::UnixStream::connect(path).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = third.read_to_end(&mut buf);
+    assert!(buf.is_empty(), "closed before the greeting");
+    server.wait_log("refused: 2 sessions already");
+    assert_eq!(a.call(1, &Request::Ping), Ok(Reply::Empty));
+    // When one ends, a new one is admitted.
+    a.closer.close();
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = tether_transport::connect(&addr).unwrap();
+        let ok = Connection::start(s, "late", None, false)
+            .map(|c| c.call_wait(me(), &Request::Ping).is_ok())
+            .unwrap_or(false);
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no session admitted after one ended"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn open_handles_are_capped_per_client() {
     let dir = open_tempdir();
     let server = unix_server(&dir, &["--max-handles", "8"]);
