@@ -391,8 +391,14 @@ fn run(cmd: Command) -> Result<()> {
             print!("{}", tether_client::status::query(&mountpoint)?);
             Ok(())
         }
-        Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy)
-            .with_context(|| format!("cannot unmount {}", mountpoint.display())),
+        Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy).map_err(|e| {
+            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                ": files or working directories are open in it (close them, or use --lazy)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("cannot unmount {}: {e}{hint}", mountpoint.display())
+        }),
         Command::Bench(args) => bench::run_bench(args),
         Command::Latency(args) => bench::run_latency(args),
     }

@@ -1,0 +1,119 @@
+//! Ending a mount: signals to the client, unmount with files open, and a client that dies
+//! (the server must free everything that client held).
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{TestMount, TETHER};
+
+fn fd_count(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn unmount(mnt: &Path, lazy: bool) -> std::process::Output {
+    let mut cmd = Command::new(TETHER);
+    cmd.arg("unmount").arg(mnt);
+    if lazy {
+        cmd.arg("--lazy");
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    require_mount!();
+    let mut t = TestMount::start();
+    fs::write(t.mnt.join("x"), b"x").unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(t.mount.child.id() as i32, libc::SIGTERM) };
+    let status = t.mount.child.wait().unwrap();
+    assert!(status.success(), "mount exited with {status}");
+    assert!(!common::is_mounted(&t.mnt));
+    assert_eq!(fs::read(t.export.join("x")).unwrap(), b"x");
+}
+
+#[test]
+fn unmount_with_files_open_says_why_and_lazy_detaches() {
+    require_mount!();
+    let mut t = TestMount::start();
+    fs::write(t.export.join("held"), b"still readable").unwrap();
+    let mut held = fs::File::open(t.mnt.join("held")).unwrap();
+    let out = unmount(&t.mnt, false);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("files or working directories are open") && err.contains("--lazy"),
+        "{err}"
+    );
+    assert!(common::is_mounted(&t.mnt));
+    // Lazy: the mount leaves the namespace at once, the open file keeps working, and the
+    // client exits when the file is closed.
+    let out = unmount(&t.mnt, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!common::is_mounted(&t.mnt));
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still readable");
+    drop(held);
+    wait_until("the client exits", || {
+        matches!(t.mount.child.try_wait(), Ok(Some(_)))
+    });
+}
+
+#[test]
+fn a_killed_client_leaves_nothing_held_on_the_server() {
+    require_mount!();
+    let mut t = TestMount::start();
+    let server_pid = t.server.child.id();
+    for i in 0..50 {
+        fs::create_dir_all(t.export.join(format!("d{}", i % 5))).unwrap();
+        fs::write(t.export.join(format!("d{}/f{i}", i % 5)), b"data").unwrap();
+    }
+    wait_until("the idle server settles", || fd_count(server_pid) > 0);
+    let baseline_mounted = fd_count(server_pid);
+    // Walk and read everything, and keep files open, so the server holds nodes and handles.
+    let mut open = Vec::new();
+    for i in 0..50 {
+        let p = t.mnt.join(format!("d{}/f{i}", i % 5));
+        assert_eq!(fs::read(&p).unwrap(), b"data");
+        open.push(fs::OpenOptions::new().append(true).open(&p).unwrap());
+    }
+    let busy = fd_count(server_pid);
+    assert!(
+        busy > baseline_mounted + 20,
+        "server holds {busy} descriptors"
+    );
+    t.mount.child.kill().unwrap();
+    t.mount.child.wait().unwrap();
+    drop(open);
+    // The dead mount is cleared by tether unmount...
+    let out = unmount(&t.mnt, false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!common::is_mounted(&t.mnt));
+    // ...and the server has dropped the session: everything but its listener and root is
+    // closed again.
+    wait_until("the server closes the dead client's descriptors", || {
+        fd_count(server_pid) < baseline_mounted - 2
+    });
+}
