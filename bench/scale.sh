@@ -34,6 +34,9 @@ rss() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 for _ in $(seq 100); do [ -S "$work/s.sock" ] && break; sleep 0.1; done
 "$tether" mount "unix:$work/s.sock" "$work/mnt" 2>"$work/mount.log" & mpid=$!
 for _ in $(seq 100); do mountpoint -q "$work/mnt" && break; sleep 0.1; done
+if ! mountpoint -q "$work/mnt"; then
+  echo "the mount did not come up:"; cat "$work/serve.log" "$work/mount.log"; exit 1
+fi
 timed() { local t0 t1; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f s", b-a}'; }
 sync; echo 3 > /proc/sys/vm/drop_caches
 echo "tree: $N files in $(find "$work/export" -type d | wc -l) directories"
