@@ -829,6 +829,62 @@ fn connections_beyond_the_session_limit_are_refused_until_one_ends() {
 }
 
 #[test]
+fn a_directory_handle_lists_only_its_own_node() {
+    let dir = open_tempdir();
+    let server = unix_server(&dir, &[]);
+    fs::create_dir(dir.path().join("export/sub")).unwrap();
+    let mut c = RawClient::ready(&server.addr());
+    let Ok(Reply::Entry(sub)) = c.call(
+        1,
+        &Request::Lookup {
+            parent: ROOT_NODE,
+            name: "sub".into(),
+        },
+    ) else {
+        panic!("lookup sub")
+    };
+    let Ok(Reply::Open { fh, .. }) = c.call(
+        2,
+        &Request::Opendir {
+            node: ROOT_NODE,
+            flags: 0,
+        },
+    ) else {
+        panic!("opendir")
+    };
+    // The root's handle addressed as "sub": its ".." would be the host directory above the
+    // export, and its entries would be remembered under the wrong parent.
+    for plus in [false, true] {
+        assert_eq!(
+            c.call(
+                3,
+                &Request::Readdir {
+                    node: sub.node,
+                    fh,
+                    offset: 0,
+                    size: 4096,
+                    plus
+                }
+            ),
+            Err(WireErrno::EINVAL)
+        );
+    }
+    assert!(matches!(
+        c.call(
+            4,
+            &Request::Readdir {
+                node: ROOT_NODE,
+                fh,
+                offset: 0,
+                size: 4096,
+                plus: true
+            }
+        ),
+        Ok(Reply::Dir(_))
+    ));
+}
+
+#[test]
 fn open_handles_are_capped_per_client() {
     let dir = open_tempdir();
     let server = unix_server(&dir, &["--max-handles", "8"]);

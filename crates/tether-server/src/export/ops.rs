@@ -897,6 +897,14 @@ impl ExportFs {
             return Err(WireErrno::ENOTDIR);
         };
         let dir = dir.lock().unwrap();
+        if fh != 0 {
+            // Entries are named relative to `node`: the handle must be that directory's.
+            let (n, _) = self.node_fd(node)?;
+            let st = sys::fstat(dir.as_fd())?;
+            if (st.st_dev, st.st_ino) != (n.dev, n.ino) {
+                return Err(WireErrno::EINVAL);
+            }
+        }
         let mut budget = size as usize;
         let mut entries = Vec::new();
         let mut failure = None;
