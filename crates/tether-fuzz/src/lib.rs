@@ -20,14 +20,6 @@ pub use frame::frame;
 pub use messages::messages;
 pub use session::session;
 
-/// Whether the targets step around known bugs in the project's code, so that fuzzing can go
-/// on past them (on by default; `TETHER_FUZZ_NO_WORKAROUNDS=1` turns them off, to reproduce
-/// the bugs). docs/fuzzing.md lists them; each is marked "known bug" in the target's code.
-pub fn workarounds() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TETHER_FUZZ_NO_WORKAROUNDS").is_none_or(|v| v.is_empty()))
-}
-
 /// A fuzz target: one input, a panic when an invariant breaks.
 pub type Target = fn(&[u8]);
 

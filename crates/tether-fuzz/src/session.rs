@@ -364,12 +364,6 @@ fn cap(req: &mut Request) {
             *length = (*length).min(MAX_ALLOC_LEN);
         }
         Request::CopyFileRange { len, .. } => *len = (*len).min(MAX_ALLOC_LEN),
-        // Known bug: CREATE without O_EXCL of a name that is a FIFO opens it, which blocks
-        // until the other end is opened. O_NONBLOCK (which the server passes on) keeps the
-        // harness going; it changes nothing for regular files.
-        Request::Create { flags, .. } if crate::workarounds() => {
-            *flags |= libc::O_NONBLOCK as u32;
-        }
         _ => {}
     }
 }

@@ -25,7 +25,7 @@ pub fn read_magic(r: &mut dyn Read, max_skip: usize) -> io::Result<()> {
         if seen >= 8 && window == MAGIC {
             return Ok(());
         }
-        if seen > max_skip + 8 {
+        if seen >= max_skip + 8 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 DecodeError::BadMagic.to_string(),

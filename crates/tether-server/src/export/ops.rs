@@ -593,7 +593,15 @@ impl ExportFs {
                 });
                 let f = match created {
                     Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
-                        sys::openat(pfd.as_fd(), &name, base, 0)?
+                        // Open what is there only if it is a regular file: opening a FIFO
+                        // would block, a device would reach past the export.
+                        let existing = sys::open_path(pfd.as_fd(), &name)?;
+                        match sys::fstat(existing.as_fd())?.st_mode & libc::S_IFMT {
+                            libc::S_IFREG => self.reopen(&existing, open_host_flags(flags))?,
+                            libc::S_IFDIR => return Err(WireErrno::EISDIR),
+                            libc::S_IFLNK => return Err(WireErrno::ELOOP),
+                            _ => return Err(WireErrno::ENXIO),
+                        }
                     }
                     r => r?,
                 };
