@@ -69,15 +69,7 @@ fn request(op: u16, body: Bytes) {
             assert_eq!(o, op);
             assert!(Op::from_u16(op).is_err());
         }
-        Err(e) => assert!(
-            matches!(
-                e,
-                DecodeError::Truncated { .. }
-                    | DecodeError::Trailing(_)
-                    | DecodeError::Invalid { .. }
-            ),
-            "unexpected request error {e:?}"
-        ),
+        Err(e) => assert_malformed(&e, "request"),
     }
 }
 
@@ -106,15 +98,7 @@ fn reply(op: u16, body: Bytes) {
             assert_eq!(o, op);
             assert!(Op::from_u16(op).is_err());
         }
-        Err(e) => assert!(
-            matches!(
-                e,
-                DecodeError::Truncated { .. }
-                    | DecodeError::Trailing(_)
-                    | DecodeError::Invalid { .. }
-            ),
-            "unexpected reply error {e:?}"
-        ),
+        Err(e) => assert_malformed(&e, "reply"),
     }
 }
 
@@ -198,5 +182,16 @@ pub fn messages(data: &[u8]) {
         "messages",
         2 * 1024 * 1024 + 256 * data.len(),
         MAX_FRAME_LEN + 64 * data.len(),
+    );
+}
+
+/// A decode failure other than an unknown op must say the body was malformed.
+fn assert_malformed(e: &DecodeError, what: &str) {
+    assert!(
+        matches!(
+            e,
+            DecodeError::Truncated { .. } | DecodeError::Trailing(_) | DecodeError::Invalid { .. }
+        ),
+        "unexpected {what} error {e:?}"
     );
 }

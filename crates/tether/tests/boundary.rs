@@ -2370,20 +2370,7 @@ fn directory_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
     let swaps = AtomicU64::new(0);
     let deadline = Instant::now() + RACE_TIME;
     thread::scope(|s| {
-        s.spawn(|| {
-            let mut i = 0;
-            while Instant::now() < deadline {
-                // mv race race.tmp; ln -s OUTSIDE race; ...; rm race; mv race.tmp race
-                fs::rename(&race, &parked).unwrap();
-                symlink(&targets[i % 2], &race).unwrap();
-                thread::sleep(Duration::from_micros(300));
-                fs::remove_file(&race).unwrap();
-                fs::rename(&parked, &race).unwrap();
-                thread::sleep(Duration::from_micros(200));
-                i += 1;
-                swaps.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+        s.spawn(|| swap_with_symlinks(&race, &parked, &targets, deadline, &swaps));
         for (k, c) in clients.iter().enumerate() {
             for t in 0..2 {
                 let (stats, marker) = (&stats, &marker);
@@ -2432,19 +2419,7 @@ fn file_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
     let swaps = AtomicU64::new(0);
     let deadline = Instant::now() + RACE_TIME;
     thread::scope(|s| {
-        s.spawn(|| {
-            let mut i = 0;
-            while Instant::now() < deadline {
-                fs::rename(&victim, &parked).unwrap();
-                symlink(&targets[i % 2], &victim).unwrap();
-                thread::sleep(Duration::from_micros(300));
-                fs::remove_file(&victim).unwrap();
-                fs::rename(&parked, &victim).unwrap();
-                thread::sleep(Duration::from_micros(200));
-                i += 1;
-                swaps.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+        s.spawn(|| swap_with_symlinks(&victim, &parked, &targets, deadline, &swaps));
         for (k, c) in clients.iter().enumerate() {
             for t in 0..2 {
                 let stats = &stats;
@@ -3195,4 +3170,26 @@ fn a_reused_inode_number_is_a_new_node_generation() {
         "the deleted file's node answers for {name}"
     );
     fx.finish();
+}
+
+/// Until `deadline`, swaps `path` for a symlink to each of `targets` in turn and back:
+/// `mv path parked; ln -s TARGET path; ...; rm path; mv parked path`.
+fn swap_with_symlinks(
+    path: &Path,
+    parked: &Path,
+    targets: &[PathBuf],
+    deadline: Instant,
+    swaps: &AtomicU64,
+) {
+    let mut i = 0;
+    while Instant::now() < deadline {
+        fs::rename(path, parked).unwrap();
+        symlink(&targets[i % targets.len()], path).unwrap();
+        thread::sleep(Duration::from_micros(300));
+        fs::remove_file(path).unwrap();
+        fs::rename(parked, path).unwrap();
+        thread::sleep(Duration::from_micros(200));
+        i += 1;
+        swaps.fetch_add(1, Ordering::Relaxed);
+    }
 }
