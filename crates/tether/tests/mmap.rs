@@ -39,7 +39,7 @@ impl Mapping {
         }
     }
 
-    fn bytes(&self) -> &mut [u8] {
+    fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: the mapping is len bytes long and lives as long as self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -69,7 +69,7 @@ fn shared_mapping_writes_reach_read_and_the_host_after_msync() {
         .write(true)
         .open(t.mnt.join("m"))
         .unwrap();
-    let map = Mapping::shared(&file, len);
+    let mut map = Mapping::shared(&file, len);
     map.bytes()[..5].copy_from_slice(b"first");
     map.bytes()[2 * 4096..2 * 4096 + 4].copy_from_slice(b"last");
     map.msync();
