@@ -67,8 +67,8 @@ impl TetherFs {
     }
 
     /// The replayer, if `req` comes from its thread.
-    fn replaying(&self, req: &FuseRequest) -> Option<&Replayer> {
-        self.replayer.as_deref().filter(|r| r.is_replay(req.pid()))
+    fn replaying(&self, req: &FuseRequest) -> Option<&Arc<Replayer>> {
+        self.replayer.as_ref().filter(|r| r.is_replay(req.pid()))
     }
 }
 
@@ -219,7 +219,7 @@ impl TetherFs {
         reply: R,
         ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
     ) {
-        if self.replaying(req).is_some() && msg.op().mutates() {
+        if msg.op().mutates() && self.replaying(req).is_some() {
             // A replay only imitates a change the host already made (host_events.rs).
             reply.fail(Errno::EPERM);
             return;
@@ -237,7 +237,7 @@ impl TetherFs {
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
     fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
-        if let Some(r) = self.replayer.as_ref().filter(|r| r.is_replay(req.pid())) {
+        if let Some(r) = self.replaying(req) {
             if msg.op().mutates() {
                 // The replay of a creation: answer with what the host created.
                 match created_name(&msg) {

@@ -19,7 +19,7 @@ use tether_transport::{Listener, PeerCred};
 pub struct ServeOptions {
     pub limits: SessionLimits,
     /// When set, every client must prove it knows this secret (challenge and response).
-    pub secret: Option<Arc<Vec<u8>>>,
+    pub secret: Option<Arc<[u8]>>,
     /// Unix socket peers in this group are admitted besides the serving user and root.
     pub socket_group: Option<u32>,
     /// Connections served at once; more are closed at once, with a logged reason.
@@ -82,8 +82,7 @@ pub fn serve(export: Arc<Export>, listener: Listener, opts: ServeOptions) -> std
         let spawned = thread::Builder::new()
             .name("tether-session".into())
             .spawn(move || {
-                let secret = opts.secret.as_deref().map(|s| s.as_slice());
-                match run_session(export, stream, &opts.limits, secret) {
+                match run_session(export, stream, &opts.limits, opts.secret.as_deref()) {
                     Ok(()) => {}
                     Err(e @ session::SessionError::Auth(_)) => {
                         tracing::warn!(peer = %peer, "refused: {e}")

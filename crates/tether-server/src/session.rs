@@ -13,8 +13,8 @@ use tether_proto::auth::{self, Role};
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
-    data_reply_frame, reply_frame, Challenge, FrameHeader, FrameKind, HelloReply, IdMapping, Op,
-    Reply, Request, WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
+    data_reply_frame, reply_frame, Challenge, FrameHeader, FrameKind, Hello, HelloReply, IdMapping,
+    Op, Reply, Request, WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
 use tether_transport::Stream;
@@ -113,53 +113,7 @@ pub fn run_session(
     // The reply that carries the session's terms: to HELLO, or to AUTH after a challenge.
     let (reply_op, reply_id) = match secret {
         None => (h.op, h.id),
-        Some(secret) => {
-            let mut server_nonce = [0u8; auth::NONCE_LEN];
-            rand::fill(&mut server_nonce);
-            let challenge = HelloReply {
-                version: PROTOCOL_VERSION,
-                features: 0,
-                max_frame: HANDSHAKE_MAX_FRAME as u32,
-                max_in_flight: 0,
-                instance: [0; 16],
-                read_only: false,
-                id_mapping: IdMapping::Squash,
-                challenge: Some(Challenge {
-                    server_nonce,
-                    server_proof: auth::proof(
-                        secret,
-                        Role::Server,
-                        &hello.client_nonce,
-                        &server_nonce,
-                    ),
-                }),
-            };
-            writer.write_all(&reply_frame(h.op, h.id, &Ok(Reply::Hello(challenge))))?;
-            writer.flush()?;
-            let (ah, req) = read_handshake_frame(&mut *reader, Op::Auth).map_err(|e| {
-                SessionError::Auth(format!(
-                    "{peer} did not prove it knows the secret ({e}); a client with a \
-                     different secret gives up here"
-                ))
-            })?;
-            let Request::Auth { proof } = req else {
-                unreachable!("read_handshake_frame checked the op")
-            };
-            if !auth::verify(
-                secret,
-                Role::Client,
-                &hello.client_nonce,
-                &server_nonce,
-                &proof,
-            ) {
-                let _ = writer.write_all(&reply_frame(ah.op, ah.id, &Err(WireErrno::EACCES)));
-                return Err(SessionError::Auth(format!(
-                    "{peer} does not know the secret (client {:?})",
-                    String::from_utf8_lossy(&hello.client_name)
-                )));
-            }
-            (ah.op, ah.id)
-        }
+        Some(secret) => authenticate(&mut *reader, &mut *writer, secret, &h, &hello, &peer)?,
     };
     if let Some(s) = &socket {
         s.set_read_timeout(None)?;
@@ -288,6 +242,59 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
             write_frame(&mut **w, &frame)?;
         }
     }
+}
+
+/// Challenges the client to prove it knows `secret` (after proving it ourselves, in the
+/// answer to its HELLO `h`) and checks the proof. Returns the op and id the session's terms
+/// must answer: the client's AUTH.
+fn authenticate(
+    reader: &mut dyn std::io::Read,
+    writer: &mut dyn Write,
+    secret: &[u8],
+    h: &FrameHeader,
+    hello: &Hello,
+    peer: &str,
+) -> Result<(u16, u64), SessionError> {
+    let mut server_nonce = [0u8; auth::NONCE_LEN];
+    rand::fill(&mut server_nonce);
+    let challenge = HelloReply {
+        version: PROTOCOL_VERSION,
+        features: 0,
+        max_frame: HANDSHAKE_MAX_FRAME as u32,
+        max_in_flight: 0,
+        instance: [0; 16],
+        read_only: false,
+        id_mapping: IdMapping::Squash,
+        challenge: Some(Challenge {
+            server_nonce,
+            server_proof: auth::proof(secret, Role::Server, &hello.client_nonce, &server_nonce),
+        }),
+    };
+    writer.write_all(&reply_frame(h.op, h.id, &Ok(Reply::Hello(challenge))))?;
+    writer.flush()?;
+    let (ah, req) = read_handshake_frame(reader, Op::Auth).map_err(|e| {
+        SessionError::Auth(format!(
+            "{peer} did not prove it knows the secret ({e}); a client with a \
+             different secret gives up here"
+        ))
+    })?;
+    let Request::Auth { proof } = req else {
+        unreachable!("read_handshake_frame checked the op")
+    };
+    if !auth::verify(
+        secret,
+        Role::Client,
+        &hello.client_nonce,
+        &server_nonce,
+        &proof,
+    ) {
+        let _ = writer.write_all(&reply_frame(ah.op, ah.id, &Err(WireErrno::EACCES)));
+        return Err(SessionError::Auth(format!(
+            "{peer} does not know the secret (client {:?})",
+            String::from_utf8_lossy(&hello.client_name)
+        )));
+    }
+    Ok((ah.op, ah.id))
 }
 
 /// Reads one handshake frame, which must be a request for `op`.

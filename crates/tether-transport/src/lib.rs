@@ -76,8 +76,8 @@ pub struct Stream {
     pub peer: String,
     /// The connecting process's credentials, on Unix sockets.
     pub peer_cred: Option<PeerCred>,
-    /// The socket itself, to set timeouts (None for in-memory pipes).
-    pub socket: Option<Socket>,
+    /// The socket itself, to set timeouts (None for in-memory pipes); the closer shares it.
+    pub socket: Option<Arc<Socket>>,
 }
 
 /// Who connected to a Unix socket, as the kernel recorded it at connect time.
@@ -103,12 +103,6 @@ impl Socket {
             Socket::Unix(s) => s.set_read_timeout(t),
             Socket::Tcp(s) => s.set_read_timeout(t),
         }
-    }
-    fn try_clone(&self) -> io::Result<Socket> {
-        Ok(match self {
-            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
-            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
-        })
     }
     fn shutdown(&self) {
         let _ = match self {
@@ -141,7 +135,8 @@ impl Stream {
         peer_cred: Option<PeerCred>,
     ) -> io::Result<Stream> {
         let (reader, writer) = socket.halves()?;
-        let closing = socket.try_clone()?;
+        let socket = Arc::new(socket);
+        let closing = socket.clone();
         Ok(Stream {
             reader,
             writer,

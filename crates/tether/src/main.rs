@@ -271,7 +271,7 @@ fn run(cmd: Command) -> Result<()> {
                 export,
                 listener,
                 ServeOptions {
-                    secret: secret.map(Arc::new),
+                    secret: secret.map(Arc::from),
                     socket_group,
                     max_sessions,
                     limits: SessionLimits {

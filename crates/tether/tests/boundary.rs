@@ -2359,24 +2359,10 @@ fn dir_race_client(c: &Client, tid: usize, deadline: Instant, marker: &[u8], sta
 fn directory_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
     let fx = Fixture::new(&["--max-node-fds", "16"]);
     let race = fx.export.join("race");
-    let parked = fx.export.join("race.tmp");
     let targets = [PathBuf::from("../outside"), fx.outside.clone()];
-    let stats = RaceStats::default();
     let marker = fx.marker_name();
-    let clients: Vec<Client> = (0..2).map(|_| fx.client()).collect();
-    for c in &clients {
-        pin_pads(c);
-    }
-    let swaps = AtomicU64::new(0);
-    let deadline = Instant::now() + RACE_TIME;
-    thread::scope(|s| {
-        s.spawn(|| swap_with_symlinks(&race, &parked, &targets, deadline, &swaps));
-        for (k, c) in clients.iter().enumerate() {
-            for t in 0..2 {
-                let (stats, marker) = (&stats, &marker);
-                s.spawn(move || dir_race_client(c, k * 2 + t, deadline, marker, stats));
-            }
-        }
+    let (swaps, stats) = race_swaps(&fx, &race, &targets, |c, n, deadline, stats| {
+        dir_race_client(c, n, deadline, &marker, stats)
     });
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
@@ -2388,17 +2374,8 @@ fn directory_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
         load(&stats.saw_link),
         load(&stats.done_inside)
     );
-    assert!(load(&swaps) > 10, "the host hardly swapped");
-    assert!(
-        load(&stats.saw_dir) > 0 && load(&stats.saw_link) > 0,
-        "no race happened"
-    );
-    assert!(
-        load(&stats.done_inside) > 0,
-        "the clients never worked inside"
-    );
+    assert_race_happened(&swaps, &stats);
     assert!(fs::symlink_metadata(&race).unwrap().is_dir());
-    drop(clients);
     fx.finish();
 }
 
@@ -2406,73 +2383,57 @@ fn directory_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
 fn file_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
     let fx = Fixture::new(&["--max-node-fds", "16"]);
     let victim = fx.export.join("victim");
-    let parked = fx.export.join("victim.tmp");
     let targets = [
         PathBuf::from("../outside/secret"),
         fx.outside.join("secret"),
     ];
-    let stats = RaceStats::default();
-    let clients: Vec<Client> = (0..2).map(|_| fx.client()).collect();
-    for c in &clients {
-        pin_pads(c);
-    }
-    let swaps = AtomicU64::new(0);
-    let deadline = Instant::now() + RACE_TIME;
-    thread::scope(|s| {
-        s.spawn(|| swap_with_symlinks(&victim, &parked, &targets, deadline, &swaps));
-        for (k, c) in clients.iter().enumerate() {
-            for t in 0..2 {
-                let stats = &stats;
-                s.spawn(move || {
-                    let scratch = c.lookup(ROOT_CALLER, ROOT_NODE, "scratch");
-                    let mut i = 0u64;
-                    while Instant::now() < deadline {
-                        i += 1;
-                        let caller = CALLERS[(i % 2) as usize];
-                        stats.requests.fetch_add(1, Ordering::Relaxed);
-                        let e = match c.call(
-                            caller,
-                            &Request::Lookup {
-                                parent: ROOT_NODE,
-                                name: nm("victim"),
-                            },
-                        ) {
-                            Ok(Reply::Entry(e)) => e,
-                            _ => continue,
-                        };
-                        if e.attr.mode & libc::S_IFMT == libc::S_IFLNK {
-                            stats.saw_link.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            stats.saw_dir.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // Open descriptors for 17 other nodes, so that the budget of 16
-                        // evicts the victim's: the server must find it again by name while
-                        // the name is being swapped.
-                        churn(c);
-                        poke_file(c, caller, e.node, scratch.node, stats);
-                        let hard = format!("hard-{k}-{t}-{i}");
-                        let linked = c.call(
-                            caller,
-                            &Request::Link {
-                                node: e.node,
-                                new_parent: ROOT_NODE,
-                                new_name: nm(&hard),
-                            },
-                        );
-                        if linked.is_ok() {
-                            c.call(
-                                caller,
-                                &Request::Unlink {
-                                    parent: ROOT_NODE,
-                                    name: nm(&hard),
-                                },
-                            )
-                            .ok();
-                        }
-                        c.forget(e.node, 1);
-                    }
-                });
+    let (swaps, stats) = race_swaps(&fx, &victim, &targets, |c, n, deadline, stats| {
+        let scratch = c.lookup(ROOT_CALLER, ROOT_NODE, "scratch");
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            i += 1;
+            let caller = CALLERS[(i % 2) as usize];
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let e = match c.call(
+                caller,
+                &Request::Lookup {
+                    parent: ROOT_NODE,
+                    name: nm("victim"),
+                },
+            ) {
+                Ok(Reply::Entry(e)) => e,
+                _ => continue,
+            };
+            if e.attr.mode & libc::S_IFMT == libc::S_IFLNK {
+                stats.saw_link.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.saw_dir.fetch_add(1, Ordering::Relaxed);
             }
+            // Open descriptors for 17 other nodes, so that the budget of 16
+            // evicts the victim's: the server must find it again by name while
+            // the name is being swapped.
+            churn(c);
+            poke_file(c, caller, e.node, scratch.node, stats);
+            let hard = format!("hard-{n}-{i}");
+            let linked = c.call(
+                caller,
+                &Request::Link {
+                    node: e.node,
+                    new_parent: ROOT_NODE,
+                    new_name: nm(&hard),
+                },
+            );
+            if linked.is_ok() {
+                c.call(
+                    caller,
+                    &Request::Unlink {
+                        parent: ROOT_NODE,
+                        name: nm(&hard),
+                    },
+                )
+                .ok();
+            }
+            c.forget(e.node, 1);
         }
     });
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -2490,17 +2451,8 @@ fn file_swapped_for_a_symlink_during_requests_does_not_lead_outside() {
         load(&stats.read_data) > 0,
         "the clients never read the file inside"
     );
-    assert!(load(&swaps) > 10, "the host hardly swapped");
-    assert!(
-        load(&stats.saw_dir) > 0 && load(&stats.saw_link) > 0,
-        "no race happened"
-    );
-    assert!(
-        load(&stats.done_inside) > 0,
-        "the clients never worked inside"
-    );
+    assert_race_happened(&swaps, &stats);
     assert!(fs::symlink_metadata(&victim).unwrap().is_file());
-    drop(clients);
     fx.finish();
 }
 
@@ -3170,6 +3122,51 @@ fn a_reused_inode_number_is_a_new_node_generation() {
         "the deleted file's node answers for {name}"
     );
     fx.finish();
+}
+
+/// Races host-side swaps of `path` for symlinks to `targets` against four client threads
+/// (two per connection, each running `client(connection, thread number, deadline, stats)`)
+/// for [`RACE_TIME`], with node descriptors evicted all the time. Returns the number of
+/// swaps and what the clients saw.
+fn race_swaps(
+    fx: &Fixture,
+    path: &Path,
+    targets: &[PathBuf],
+    client: impl Fn(&Client, usize, Instant, &RaceStats) + Sync,
+) -> (AtomicU64, RaceStats) {
+    let parked = path.with_extension("tmp");
+    let stats = RaceStats::default();
+    let clients: Vec<Client> = (0..2).map(|_| fx.client()).collect();
+    for c in &clients {
+        pin_pads(c);
+    }
+    let swaps = AtomicU64::new(0);
+    let deadline = Instant::now() + RACE_TIME;
+    thread::scope(|s| {
+        s.spawn(|| swap_with_symlinks(path, &parked, targets, deadline, &swaps));
+        for (k, c) in clients.iter().enumerate() {
+            for t in 0..2 {
+                let (stats, client) = (&stats, &client);
+                s.spawn(move || client(c, k * 2 + t, deadline, stats));
+            }
+        }
+    });
+    (swaps, stats)
+}
+
+/// The host swapped, the clients saw both the real object and the symlink, and they did
+/// work inside: a race that proves something.
+fn assert_race_happened(swaps: &AtomicU64, stats: &RaceStats) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    assert!(load(swaps) > 10, "the host hardly swapped");
+    assert!(
+        load(&stats.saw_dir) > 0 && load(&stats.saw_link) > 0,
+        "no race happened"
+    );
+    assert!(
+        load(&stats.done_inside) > 0,
+        "the clients never worked inside"
+    );
 }
 
 /// Until `deadline`, swaps `path` for a symlink to each of `targets` in turn and back:

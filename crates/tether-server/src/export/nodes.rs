@@ -232,10 +232,13 @@ impl NodeTable {
         name: CString,
     ) -> Arc<Node> {
         let mut id = self.id_for(st.st_dev, st.st_ino);
+        // Read when needed (a new node, or a held one to tell apart), at most once.
+        let birth = std::cell::OnceCell::new();
+        let birth = || *birth.get_or_init(|| sys::birth_time(fd.as_fd()));
         // A held node whose descriptor was evicted may be an older file with this number.
         let held = self.nodes.get(&id).map(|n| n.clone());
         if let Some(old) = held.filter(|n| !n.has_fd()) {
-            if !old.same_file(st, sys::birth_time(fd.as_fd())) {
+            if !old.same_file(st, birth()) {
                 id = self.reassign(st.st_dev, st.st_ino, id);
             }
         }
@@ -248,7 +251,7 @@ impl NodeTable {
                     dev: st.st_dev,
                     ino: st.st_ino,
                     kind: st.st_mode & libc::S_IFMT,
-                    birth: sys::birth_time(fd.as_fd()),
+                    birth: birth(),
                     fd: RwLock::new(None),
                     location: Mutex::new(None),
                     lookups: AtomicU64::new(0),

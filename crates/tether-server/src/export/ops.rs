@@ -340,16 +340,11 @@ impl ExportFs {
         Ok(Arc::new(Handle::File(self.reopen(&fd, flags)?)))
     }
 
-    /// A node the server may open for I/O: a regular file or a directory. The guest kernel
-    /// runs FIFOs, sockets and devices itself and never asks to open them; opening a FIFO
-    /// here would block a worker until someone opened the other end.
+    /// A node the server may open for I/O (see [`check_openable`]).
     fn openable_node(&self, node: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
         let (n, fd) = self.node_fd(node)?;
-        match n.kind {
-            libc::S_IFREG | libc::S_IFDIR => Ok((n, fd)),
-            libc::S_IFLNK => Err(WireErrno::ELOOP),
-            _ => Err(WireErrno::ENXIO),
-        }
+        check_openable(n.kind)?;
+        Ok((n, fd))
     }
 
     fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
@@ -593,15 +588,14 @@ impl ExportFs {
                 });
                 let f = match created {
                     Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
-                        // Open what is there only if it is a regular file: opening a FIFO
-                        // would block, a device would reach past the export.
+                        // Open what is there only if it is a regular file.
                         let existing = sys::open_path(pfd.as_fd(), &name)?;
-                        match sys::fstat(existing.as_fd())?.st_mode & libc::S_IFMT {
-                            libc::S_IFREG => self.reopen(&existing, open_host_flags(flags))?,
-                            libc::S_IFDIR => return Err(WireErrno::EISDIR),
-                            libc::S_IFLNK => return Err(WireErrno::ELOOP),
-                            _ => return Err(WireErrno::ENXIO),
+                        let kind = sys::fstat(existing.as_fd())?.st_mode & libc::S_IFMT;
+                        if kind == libc::S_IFDIR {
+                            return Err(WireErrno::EISDIR);
                         }
+                        check_openable(kind)?;
+                        self.reopen(&existing, open_host_flags(flags))?
                     }
                     r => r?,
                 };
@@ -959,6 +953,18 @@ impl ExportFs {
             return Err(e);
         }
         Ok(Reply::Dir(entries))
+    }
+}
+
+/// Whether the server may open an object of `kind` (S_IFMT bits) for I/O: only a regular
+/// file or a directory. The guest kernel runs FIFOs, sockets and devices itself and never
+/// asks to open them; opening a FIFO here would block a worker until someone opened the
+/// other end, and a device would reach past the export.
+fn check_openable(kind: u32) -> SysResult<()> {
+    match kind {
+        libc::S_IFREG | libc::S_IFDIR => Ok(()),
+        libc::S_IFLNK => Err(WireErrno::ELOOP),
+        _ => Err(WireErrno::ENXIO),
     }
 }
 

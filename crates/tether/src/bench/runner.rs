@@ -168,6 +168,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 type Seconds = Vec<Vec<Vec<f64>>>;
 
+/// Empties `site`; if even that fails, marks it `broken` (with why) for the rest of the bench.
+fn wipe_or_give_up(site: &mut Site, broken: &mut Option<String>, say: &impl Fn(String)) {
+    if let Err(e) = site.wipe() {
+        let why = format!("{e:#}");
+        say(format!(
+            "{}: giving up on this directory: {why}",
+            site.label
+        ));
+        *broken = Some(why);
+    }
+}
+
 fn run_steps(
     args: &BenchArgs,
     selected: &[Workload],
@@ -237,14 +249,7 @@ fn run_steps(
                         });
                         // Start the directory afresh so later steps do not trip over a
                         // half-made setup.
-                        if let Err(e) = site.wipe() {
-                            let why = format!("{e:#}");
-                            say(format!(
-                                "{}: giving up on this directory: {why}",
-                                site.label
-                            ));
-                            broken[di] = Some(why);
-                        }
+                        wipe_or_give_up(site, &mut broken[di], &say);
                     }
                 }
             }
@@ -252,14 +257,7 @@ fn run_steps(
         for (di, site) in sites.iter_mut().enumerate() {
             ctx.intr.check()?;
             if broken[di].is_none() {
-                if let Err(e) = site.wipe() {
-                    let why = format!("{e:#}");
-                    say(format!(
-                        "{}: giving up on this directory: {why}",
-                        site.label
-                    ));
-                    broken[di] = Some(why);
-                }
+                wipe_or_give_up(site, &mut broken[di], &say);
             }
         }
         workloads::clear(ctx.copy_dest)?;
