@@ -1604,26 +1604,35 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
             "readdir with another session's handle",
         );
         // A directory handle as a file handle.
-        for (op, req) in file_io(f.node, dir_fh) {
+        for (op, req) in file_io(d.node, dir_fh) {
             expect_err(
                 &c.call(caller, &req),
                 WireErrno::EISDIR,
                 &format!("{op} with a directory handle"),
             );
         }
-        // A file handle as a directory handle.
-        for plus in [false, true] {
-            let r = c.call(
-                caller,
-                &Request::Readdir {
-                    node: d.node,
-                    fh: file_fh,
-                    offset: 0,
-                    size: 65536,
-                    plus,
-                },
+        // A handle named with another node than the one it was opened on: what the reply
+        // says would be about the wrong object.
+        for (op, req) in file_io(f.node, dir_fh) {
+            expect_err(
+                &c.call(caller, &req),
+                WireErrno::EBADF,
+                &format!("{op} with the handle of another node"),
             );
+        }
+        for plus in [false, true] {
+            let readdir = |node, fh| Request::Readdir {
+                node,
+                fh,
+                offset: 0,
+                size: 65536,
+                plus,
+            };
+            // A file handle as a directory handle.
+            let r = c.call(caller, &readdir(f.node, file_fh));
             expect_err(&r, WireErrno::ENOTDIR, "readdir with a file handle");
+            let r = c.call(caller, &readdir(d.node, file_fh));
+            expect_err(&r, WireErrno::EBADF, "readdir with another node's handle");
         }
     }
     assert_same("the export", &export_before, &fx.export_snapshot());

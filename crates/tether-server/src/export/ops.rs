@@ -27,7 +27,8 @@ enum Handle {
 pub struct ExportFs {
     pub export: Arc<Export>,
     pub nodes: NodeTable,
-    handles: DashMap<HandleId, Arc<Handle>>,
+    /// Open handles, each with the node it was opened on: a request must name both.
+    handles: DashMap<HandleId, (NodeId, Arc<Handle>)>,
     next_handle: AtomicU64,
     /// Present when the client asked for pushed invalidations.
     pub watcher: Option<Watcher>,
@@ -312,15 +313,17 @@ impl ExportFs {
         }
     }
 
-    fn handle(&self, fh: HandleId) -> SysResult<Arc<Handle>> {
-        self.handles
-            .get(&fh)
-            .map(|h| h.clone())
-            .ok_or(WireErrno::EBADF)
+    /// Handle `fh`, which must have been opened on `node`: what a reply says about `node`
+    /// (attributes, listed entries, own changes) then is about the handle's object.
+    fn handle(&self, node: NodeId, fh: HandleId) -> SysResult<Arc<Handle>> {
+        match self.handles.get(&fh) {
+            Some(h) if h.0 == node => Ok(h.1.clone()),
+            _ => Err(WireErrno::EBADF),
+        }
     }
 
-    fn file(&self, fh: HandleId) -> SysResult<Arc<Handle>> {
-        let h = self.handle(fh)?;
+    fn file(&self, node: NodeId, fh: HandleId) -> SysResult<Arc<Handle>> {
+        let h = self.handle(node, fh)?;
         match *h {
             Handle::File(_) => Ok(h),
             Handle::Dir(_) => Err(WireErrno::EISDIR),
@@ -331,7 +334,7 @@ impl ExportFs {
     /// (`fh` 0, the client's no-open mode), the node reopened with `flags` for this request.
     fn file_for(&self, node: NodeId, fh: HandleId, flags: i32) -> SysResult<Arc<Handle>> {
         if fh != 0 {
-            return self.file(fh);
+            return self.file(node, fh);
         }
         let (n, fd) = self.openable_node(node)?;
         if n.is_dir() {
@@ -347,12 +350,12 @@ impl ExportFs {
         Ok((n, fd))
     }
 
-    fn add_handle(&self, h: Handle) -> SysResult<HandleId> {
+    fn add_handle(&self, node: NodeId, h: Handle) -> SysResult<HandleId> {
         if self.handles.len() >= self.export.max_handles {
             return Err(WireErrno::EMFILE);
         }
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.handles.insert(id, Arc::new(h));
+        self.handles.insert(id, (node, Arc::new(h)));
         Ok(id)
     }
 
@@ -426,7 +429,7 @@ impl ExportFs {
             }
             Getattr { node, fh } => {
                 if fh != 0 {
-                    if let Ok(h) = self.handle(fh) {
+                    if let Ok(h) = self.handle(node, fh) {
                         let st = match &*h {
                             Handle::File(f) => sys::fstat(f.as_fd())?,
                             Handle::Dir(d) => sys::fstat(d.lock().unwrap().as_fd())?,
@@ -562,7 +565,7 @@ impl ExportFs {
                 } else {
                     reopen()?
                 };
-                let fh = self.add_handle(Handle::File(f))?;
+                let fh = self.add_handle(node, Handle::File(f))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
             Create {
@@ -603,7 +606,7 @@ impl ExportFs {
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
                 let st = sys::fstat(path_fd.as_fd())?;
                 let entry = self.entry_for(parent, path_fd, &st, name)?;
-                let fh = match self.add_handle(Handle::File(f)) {
+                let fh = match self.add_handle(entry.node, Handle::File(f)) {
                     Ok(fh) => fh,
                     Err(e) => {
                         self.nodes.forget(entry.node, 1);
@@ -646,14 +649,14 @@ impl ExportFs {
                     frsize: s.f_frsize as u32,
                 }))
             }
-            Release { fh, .. } | Releasedir { fh, .. } => {
-                self.handles.remove(&fh);
+            Release { node, fh } | Releasedir { node, fh } => {
+                self.handles.remove_if(&fh, |_, (n, _)| *n == node);
                 Ok(Reply::Empty)
             }
             Flush { .. } => Ok(Reply::Empty),
             Fsync { node, fh, datasync } | Fsyncdir { node, fh, datasync } => {
                 let h = if fh != 0 {
-                    self.handle(fh)?
+                    self.handle(node, fh)?
                 } else {
                     let (_, fd) = self.openable_node(node)?;
                     Arc::new(Handle::File(self.reopen(&fd, libc::O_RDONLY)?))
@@ -709,7 +712,7 @@ impl ExportFs {
                 Ok(Reply::Empty)
             }
             Opendir { node, .. } => {
-                let fh = self.add_handle(Handle::Dir(Mutex::new(self.dir_stream(node)?)))?;
+                let fh = self.add_handle(node, Handle::Dir(Mutex::new(self.dir_stream(node)?)))?;
                 Ok(Reply::Open { fh, flags: 0 })
             }
             Readdir {
@@ -795,7 +798,11 @@ impl ExportFs {
         fh: HandleId,
         set: tether_proto::SetAttr,
     ) -> SysResult<()> {
-        let file = if fh != 0 { self.file(fh).ok() } else { None };
+        let file = if fh != 0 {
+            self.file(n.id, fh).ok()
+        } else {
+            None
+        };
         let file_fd = file.as_ref().map(|h| match &**h {
             Handle::File(f) => f.as_fd(),
             Handle::Dir(_) => unreachable!(),
@@ -889,7 +896,7 @@ impl ExportFs {
         plus: bool,
     ) -> SysResult<Reply> {
         let h = if fh != 0 {
-            self.handle(fh)?
+            self.handle(node, fh)?
         } else {
             // Listing addressed by node (no-opendir mode): a stream just for this request;
             // offsets are the file system's cookies, valid across streams.
@@ -899,14 +906,6 @@ impl ExportFs {
             return Err(WireErrno::ENOTDIR);
         };
         let dir = dir.lock().unwrap();
-        if fh != 0 {
-            // Entries are named relative to `node`: the handle must be that directory's.
-            let (n, _) = self.node_fd(node)?;
-            let st = sys::fstat(dir.as_fd())?;
-            if (st.st_dev, st.st_ino) != (n.dev, n.ino) {
-                return Err(WireErrno::EINVAL);
-            }
-        }
         let mut budget = size as usize;
         let mut entries = Vec::new();
         let mut failure = None;
