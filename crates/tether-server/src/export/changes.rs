@@ -86,6 +86,9 @@ impl ExportFs {
             };
             match (&ev.name, name_change(ev.mask)) {
                 (Some(name), Some(change)) => {
+                    if matches!(change, NameChange::MovedTo | NameChange::Created) {
+                        self.check_new_name(&mut c, &dir_fd, name);
+                    }
                     if w.is_own(ev.dir, name, change) {
                         continue;
                     }
@@ -275,6 +278,25 @@ impl ExportFs {
         resolved
     }
 
+    /// A change of a file's content or attributes is reported under the name it had then.
+    /// If the file was renamed (or linked and unlinked) before the event was read, that name
+    /// no longer finds it and the change would be lost; so every name that now refers to a
+    /// file (moved or created there) has that file checked too. Own renames are own changes
+    /// of the moved node, so this finds only someone else's changes.
+    fn check_new_name(&self, c: &mut Collector, dir_fd: &OwnedFd, name: &[u8]) {
+        let Ok(cname) = CString::new(name) else {
+            return;
+        };
+        let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+            return;
+        };
+        if let Some(node) = self.nodes.find(st.st_dev, st.st_ino) {
+            if self.changed_since_sync(&node) {
+                c.invalidate(Invalidation::Inode(node.id));
+            }
+        }
+    }
+
     /// Whether the host state of `node` differs from what the client is coherent with; if
     /// so, the client is about to be told, so that state becomes the coherent one. The state
     /// is read under the node's lock, so it cannot interleave with an own change.
@@ -298,5 +320,69 @@ impl ExportFs {
         );
         *synced = now;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use tether_proto::{Caller, Reply, Request};
+
+    use super::*;
+    use crate::export::{Export, ExportOptions};
+
+    fn watched_session(dir: &Path) -> ExportFs {
+        let export = Export::open(dir, &ExportOptions::default()).unwrap();
+        ExportFs::new(export, true, false, (0, 0)).unwrap()
+    }
+
+    fn lookup(fs: &ExportFs, name: &'static [u8]) -> NodeId {
+        let caller = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let req = Request::Lookup {
+            parent: ROOT_NODE,
+            name: Bytes::from_static(name),
+        };
+        match fs.dispatch(caller, req).unwrap() {
+            Reply::Entry(e) => e.node,
+            other => panic!("lookup: {other:?}"),
+        }
+    }
+
+    /// Every invalidation reported until the watcher has been quiet for 100 ms.
+    fn drain(fs: &ExportFs) -> Vec<Invalidation> {
+        let mut all = Vec::new();
+        loop {
+            let c = fs.changes(Duration::from_millis(100));
+            if c.is_empty() {
+                return all;
+            }
+            all.extend(c.items);
+        }
+    }
+
+    /// Found by tether-fsx: the write's event names "a", which no longer exists when it is
+    /// read, so only the new name can lead to the changed file.
+    #[test]
+    fn a_host_write_just_before_a_rename_invalidates_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, b"old content").unwrap();
+        let fs = watched_session(dir.path());
+        let node = lookup(&fs, b"a");
+        drain(&fs);
+        let f = std::fs::OpenOptions::new().write(true).open(&a).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"new", 0).unwrap();
+        drop(f);
+        std::fs::rename(&a, &b).unwrap();
+        let items = drain(&fs);
+        assert!(
+            items.contains(&Invalidation::Inode(node)),
+            "the renamed file's node {node} was not invalidated: {items:?}"
+        );
     }
 }
