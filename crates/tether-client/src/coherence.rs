@@ -13,6 +13,7 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -54,8 +55,10 @@ pub struct Counters {
 pub struct Coherence {
     /// The server watches and pushes (negotiated in HELLO).
     enabled: AtomicBool,
-    /// Sequence number of the newest push received.
+    /// Sequence number of the newest push received (local: counts every push of every
+    /// connection).
     last_push: AtomicU64,
+    next_seq: AtomicU64,
     /// Node -> sequence of the newest push that invalidated it (or an entry in it).
     invalidated: DashMap<NodeId, u64>,
     /// Nodes whose entries the server marked as watched.
@@ -67,6 +70,27 @@ pub struct Coherence {
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
+    fuse_dev: OnceLock<OwnedFd>,
+    /// "Invalidate everything" requests queued by reconnects, and applied.
+    alls_queued: AtomicU64,
+    alls_applied: AtomicU64,
+}
+
+/// FUSE_NOTIFY_INC_EPOCH: every dentry of the mount, positive or negative, must be looked
+/// up again before it is used. A notification is an out header with `unique` 0 and the
+/// code in `error`; this one has no body.
+fn inc_epoch(fuse_dev: &OwnedFd) -> std::io::Result<()> {
+    const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+    let mut header = [0u8; 16];
+    header[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    header[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+    // SAFETY: writes 16 bytes from a live buffer to a descriptor we own.
+    let n = unsafe { libc::write(fuse_dev.as_raw_fd(), header.as_ptr().cast(), header.len()) };
+    if n == header.len() as isize {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 impl Coherence {
@@ -75,6 +99,7 @@ impl Coherence {
         Arc::new(Coherence {
             enabled: AtomicBool::new(false),
             last_push: AtomicU64::new(0),
+            next_seq: AtomicU64::new(0),
             invalidated: DashMap::new(),
             watched: DashMap::new(),
             unwatched: DashMap::new(),
@@ -82,6 +107,9 @@ impl Coherence {
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
             replayer: OnceLock::new(),
+            fuse_dev: OnceLock::new(),
+            alls_queued: AtomicU64::new(0),
+            alls_applied: AtomicU64::new(0),
         })
     }
 
@@ -161,21 +189,14 @@ impl Coherence {
                 return;
             }
         };
-        let seq = h.id;
+        // Local sequence numbers: a new connection's pushes count from 1 again.
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel) + 1;
         for item in &push.items {
             match item {
                 Invalidation::Inode(n) | Invalidation::Entry { parent: n, .. } => {
                     self.invalidated.insert(*n, seq);
                 }
-                Invalidation::All => {
-                    // Treat every node as invalidated now.
-                    for mut e in self.invalidated.iter_mut() {
-                        *e = seq;
-                    }
-                    for e in self.watched.iter() {
-                        self.invalidated.insert(*e.key(), seq);
-                    }
-                }
+                Invalidation::All => self.invalidate_all(seq),
             }
         }
         self.last_push.fetch_max(seq, Ordering::AcqRel);
@@ -183,9 +204,47 @@ impl Coherence {
         let _ = self.queue.send(push);
     }
 
+    /// Treats every node as invalidated at `seq`.
+    fn invalidate_all(&self, seq: u64) {
+        for mut e in self.invalidated.iter_mut() {
+            *e = seq;
+        }
+        for e in self.watched.iter().chain(self.unwatched.iter()) {
+            self.invalidated.insert(*e.key(), seq);
+        }
+    }
+
+    /// A new connection replaced a lost one: whatever changed meanwhile was never pushed,
+    /// so every cache goes, and no reply to a request sent before now is cached. Waits (at
+    /// most `wait`) until the kernel has dropped them: a request waiting for the connection
+    /// may hold a page the invalidation needs, so it cannot wait for good.
+    pub fn reconnected(&self, wait: Duration) {
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        self.invalidate_all(seq);
+        self.last_push.fetch_max(seq, Ordering::AcqRel);
+        let target = self.alls_queued.fetch_add(1, Ordering::AcqRel) + 1;
+        let _ = self.queue.send(InvalidatePush {
+            items: vec![Invalidation::All],
+            events: Vec::new(),
+        });
+        let deadline = Instant::now() + wait;
+        while self.alls_applied.load(Ordering::Acquire) < target && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Starts the thread that applies invalidations to the kernel and, with a `replayer`,
     /// the thread that replays host events into the guest (see host_events.rs).
-    pub fn start_applier(self: &Arc<Self>, notifier: Notifier, replayer: Option<Arc<Replayer>>) {
+    /// `fuse_dev` is the mount's /dev/fuse descriptor, for notifications fuser lacks.
+    pub fn start_applier(
+        self: &Arc<Self>,
+        notifier: Notifier,
+        replayer: Option<Arc<Replayer>>,
+        fuse_dev: Option<OwnedFd>,
+    ) {
+        if let Some(fd) = fuse_dev {
+            let _ = self.fuse_dev.set(fd);
+        }
         let Some(rx) = self.pending.lock().unwrap().take() else {
             return;
         };
@@ -289,13 +348,21 @@ impl Coherence {
                     let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
                 }
                 Invalidation::All => {
-                    let nodes: Vec<NodeId> = self.watched.iter().map(|e| *e.key()).collect();
+                    // Cached names cannot be listed one by one: make the kernel look every
+                    // name up again (FUSE_NOTIFY_INC_EPOCH, Linux 6.16), or else ask it to
+                    // drop every unused dentry (best effort; needs root). Names first: it
+                    // is cheap and never waits for a request.
+                    let bumped = self.fuse_dev.get().is_some_and(|fd| inc_epoch(fd).is_ok());
+                    let nodes: Vec<NodeId> = (self.watched.iter().chain(self.unwatched.iter()))
+                        .map(|e| *e.key())
+                        .collect();
                     for n in nodes {
                         let _ = notifier.inval_inode(INodeNo(n), 0, 0);
                     }
-                    // Cached names cannot be listed one by one: ask the kernel to drop
-                    // every unused dentry (best effort; needs root).
-                    let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
+                    if !bumped {
+                        let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
+                    }
+                    self.alls_applied.fetch_add(1, Ordering::AcqRel);
                 }
             }
         }

@@ -23,6 +23,7 @@ use tether_proto::{
 
 use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
+use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 
 /// How long the kernel may trust what it caches. Until the server pushes invalidations
@@ -49,6 +50,8 @@ pub struct TetherFs {
     co: Arc<Coherence>,
     /// Replays host changes as inotify events; its thread's requests change nothing.
     replayer: Option<Arc<Replayer>>,
+    /// The nodes and handles the kernel holds, for a reconnect to restore.
+    known: Arc<Known>,
 }
 
 impl TetherFs {
@@ -63,7 +66,12 @@ impl TetherFs {
             cache,
             co,
             replayer,
+            known: Arc::default(),
         }
+    }
+
+    pub fn known(&self) -> Arc<Known> {
+        self.known.clone()
     }
 
     /// The replayer, if `req` comes from its thread.
@@ -265,10 +273,14 @@ impl TetherFs {
         negative_ok: bool,
     ) {
         let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
+        let (known, entry_name) = (self.known.clone(), entry_name(&msg));
         self.conn
             .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) => {
                     co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                    if let Some(name) = entry_name {
+                        known.seen(parent, &name, e.node);
+                    }
                     let ttl = ttl_for(&co, fallback.attr_ttl, e.node, Some(parent), sent);
                     reply.entry_with_ttls(
                         &ttl,
@@ -317,12 +329,16 @@ impl TetherFs {
                 name,
                 file_type,
             } => {
-                let (co, r) = (self.co.clone(), r.clone());
-                let msg = Request::Lookup { parent: dir, name };
+                let (co, r, known) = (self.co.clone(), r.clone(), self.known.clone());
+                let msg = Request::Lookup {
+                    parent: dir,
+                    name: name.clone(),
+                };
                 self.conn
                     .call(caller(req), &msg, move |res: ReplyResult| match res {
                         Ok(Reply::Entry(e)) => {
                             co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                            known.seen(dir, &name, e.node);
                             let attr = file_attr(&e.attr);
                             reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
                         }
@@ -373,8 +389,15 @@ impl TetherFs {
             reply.error(Errno::ENOSYS);
             return;
         }
-        self.call(req, msg, reply, |reply, r| match r {
+        let (known, handle) = match msg {
+            Request::Open { node, flags } => (self.known.clone(), (node, flags, false)),
+            Request::Opendir { node, flags } => (self.known.clone(), (node, flags, true)),
+            _ => unreachable!("open_call is for OPEN and OPENDIR"),
+        };
+        self.call(req, msg, reply, move |reply, r| match r {
             Reply::Open { fh, .. } => {
+                let (node, flags, dir) = handle;
+                known.opened(fh, OpenHandle { node, flags, dir });
                 reply.opened(FileHandle(fh), FopenFlags::empty());
                 Ok(())
             }
@@ -456,12 +479,15 @@ impl Filesystem for TetherFs {
             return; // never known to the server
         }
         self.co.forget(ino.0);
+        // Sent before the count drops: a reconnect's restore then either counts these
+        // lookups and gets the FORGET after it, or counts none of them.
         self.conn.send_oneway(
             caller(req),
             &Request::Forget {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
+        self.known.forgotten(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -617,14 +643,27 @@ impl Filesystem for TetherFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let (from, to) = (name(n), name(new_name));
         let msg = Request::Rename {
             parent: parent.0,
-            name: name(n),
+            name: from.clone(),
             new_parent: new_parent.0,
-            new_name: name(new_name),
+            new_name: to.clone(),
             flags: flags.bits(),
         };
-        self.name_call(req, msg, reply);
+        if self.replaying(req).is_some() {
+            return reply.ok();
+        }
+        let known = self.known.clone();
+        let exchange = flags.bits() & libc::RENAME_EXCHANGE != 0;
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Empty => {
+                known.renamed(parent.0, &from, new_parent.0, &to, exchange);
+                reply.ok();
+                Ok(())
+            }
+            _ => Err(reply),
+        });
     }
 
     fn link(
@@ -719,6 +758,7 @@ impl Filesystem for TetherFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.known.released(fh.0);
         self.empty_call(
             req,
             Request::Release {
@@ -811,7 +851,7 @@ impl Filesystem for TetherFs {
         };
         let (co, fallback, sent, dir) =
             (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
-        let conn = self.conn.clone();
+        let (conn, known) = (self.conn.clone(), self.known.clone());
         let who = caller(req);
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir(entries) => {
@@ -840,6 +880,9 @@ impl Filesystem for TetherFs {
                             &file_attr(&entry.attr),
                             Generation(entry.generation),
                         );
+                        if !full && e.entry.is_some() {
+                            known.seen(dir, &e.name, entry.node);
+                        }
                     }
                     // The server counted a lookup for each entry it sent; give back the ones
                     // the kernel never saw.
@@ -865,6 +908,7 @@ impl Filesystem for TetherFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.known.released(fh.0);
         self.empty_call(
             req,
             Request::Releasedir {
@@ -991,10 +1035,12 @@ impl Filesystem for TetherFs {
             self.co.now(),
             parent.0,
         );
-        let (conn, who) = (self.conn.clone(), caller(req));
+        let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
+        let created = name(n);
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
                 co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
+                known.seen(dir, &created, entry.node);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 let keep = if co.cacheable(entry.node, sent) {
                     FopenFlags::FOPEN_KEEP_CACHE
@@ -1016,6 +1062,16 @@ impl Filesystem for TetherFs {
                     );
                     0
                 } else {
+                    // Opened again without creating or truncating after a reconnect.
+                    let flags = flags as u32 & !(libc::O_CREAT | libc::O_EXCL) as u32;
+                    known.opened(
+                        fh,
+                        OpenHandle {
+                            node: entry.node,
+                            flags,
+                            dir: false,
+                        },
+                    );
                     fh
                 };
                 reply.created(
@@ -1099,6 +1155,14 @@ impl Filesystem for TetherFs {
             flags: flags.bits() as u32,
         };
         self.written_call(req, msg, reply);
+    }
+}
+
+/// The name an entry request gives its node in its parent.
+fn entry_name(msg: &Request) -> Option<Bytes> {
+    match msg {
+        Request::Lookup { name, .. } | Request::Link { new_name: name, .. } => Some(name.clone()),
+        _ => created_name(msg),
     }
 }
 

@@ -5,6 +5,7 @@ pub mod coherence;
 pub mod fuse_fs;
 pub mod host_events;
 pub mod mount;
+pub mod restore;
 pub mod rpc;
 pub mod status;
 

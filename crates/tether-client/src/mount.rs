@@ -2,6 +2,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::coherence::Coherence;
 use crate::fuse_fs::{CachePolicy, TetherFs};
 use crate::host_events::Replayer;
+use crate::restore::Restore;
 use crate::rpc::Connection;
 
 #[derive(Debug, Clone)]
@@ -85,9 +87,11 @@ impl Mounted {
             && conn.hello.features & tether_proto::handshake::features::HOST_EVENTS != 0)
             .then(|| -> io::Result<_> { Ok(Arc::new(Replayer::new(&mountpoint.canonicalize()?))) })
             .transpose()?;
-        let fs = TetherFs::new(conn, opts.cache, co.clone(), replayer.clone());
+        let fs = TetherFs::new(conn.clone(), opts.cache, co.clone(), replayer.clone());
+        conn.set_restorer(Arc::new(Restore::new(fs.known(), co.clone())));
         let session = Session::new(fs, mountpoint, &config)?;
-        co.start_applier(session.notifier(), replayer);
+        let fuse_dev = session.as_fd().try_clone_to_owned().ok();
+        co.start_applier(session.notifier(), replayer, fuse_dev);
         Ok(Mounted { session })
     }
 

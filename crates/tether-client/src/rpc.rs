@@ -1,18 +1,26 @@
 //! Pipelined RPC over one connection: any thread sends a request and registers a callback;
 //! a reader thread runs each callback when its reply arrives, in whatever order replies come.
 //! FUSE threads therefore never wait for the network.
+//!
+//! When the connection drops (or the server restarts), a connection made with [`Redial`]
+//! dials again with backoff. Meanwhile requests wait, each for at most the redial timeout,
+//! then fail with EIO. On the new connection a [`Restorer`] first re-creates the server-side
+//! state the kernel relies on (nodes, open handles); then the waiting requests go out:
+//! those never sent, those the server did not read (it said GOODBYE), and those unanswered
+//! that are safe to execute twice. The others fail with EIO (protocol.md §12).
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use tether_proto::auth::{self, Role};
 use tether_proto::handshake::features;
 use tether_proto::{
-    Caller, FrameHeader, FrameKind, Hello, HelloReply, Op, Reply, Request, WireErrno,
+    push_op, Caller, FrameHeader, FrameKind, Hello, HelloReply, Op, Reply, Request, WireErrno,
     MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use tether_transport::framed::{read_frame, read_magic, write_magic};
@@ -41,8 +49,33 @@ fn read_hello_reply(reader: &mut dyn io::Read, op: Op) -> Result<HelloReply, Con
 /// Handler for frames the server pushes (invalidations; see the coherence design).
 pub type PushHandler = Box<dyn Fn(FrameHeader, Bytes) + Send + Sync>;
 
+/// How to reach the server again after the connection drops.
+pub struct Redial {
+    pub dial: Box<dyn Fn() -> io::Result<Stream> + Send + Sync>,
+    /// How long a request waits for the server to come back before it fails with EIO.
+    pub timeout: Duration,
+}
+
+/// Re-creates, on a new connection, the server-side state that requests refer to.
+pub trait Restorer: Send + Sync {
+    /// Takes note of the state to restore. Runs while nothing reaches any server, so that
+    /// one-way requests (FORGET) are either reflected in it or sent after the restore.
+    fn snapshot(&self);
+    /// Re-creates the noted state before any waiting request is sent on the new
+    /// connection; use [`Connection::call_restoring`]. An error means the new connection
+    /// failed too.
+    fn restore(&self, conn: &Connection) -> Result<(), WireErrno>;
+}
+
 struct Pending {
     op: u16,
+    caller: Caller,
+    /// Kept to send again on the next connection.
+    req: Request,
+    /// None: sent on the current connection. Some: waiting for one since then.
+    waiting_since: Option<Instant>,
+    /// Part of a restore: never sent again (the restore itself is redone).
+    restoring: bool,
     /// Only ever taken by value after removal from the map; the mutex makes the map Sync
     /// without an unsafe impl and is never contended.
     done: Mutex<Callback>,
@@ -54,14 +87,64 @@ impl Pending {
     }
 }
 
+/// The state of the connection to the server.
+enum Link {
+    /// Requests go out. `generation` counts connections. After a failed write nothing more
+    /// is written (the stream may hold part of a frame): requests wait for the reader to
+    /// see the end (a server that stops reading says GOODBYE first).
+    Up {
+        writer: Box<dyn Write + Send>,
+        generation: u64,
+        broken: bool,
+    },
+    /// A new connection, on which only restore requests go out yet.
+    Restoring {
+        writer: Box<dyn Write + Send>,
+        generation: u64,
+    },
+    /// Lost; requests wait for the next connection.
+    Down { since: Instant },
+    /// Shut down for good: requests fail.
+    Closed,
+}
+
+impl Link {
+    fn generation(&self) -> Option<u64> {
+        match self {
+            Link::Up { generation, .. } | Link::Restoring { generation, .. } => Some(*generation),
+            _ => None,
+        }
+    }
+}
+
+/// What a connection looks like from `tether status`.
+#[derive(Default)]
+pub struct LinkStats {
+    pub reconnects: AtomicU64,
+    /// Requests sent again on a new connection.
+    pub resent: AtomicU64,
+    /// Requests failed with EIO because the connection broke or stayed away too long.
+    pub failed: AtomicU64,
+}
+
 pub struct Connection {
-    writer: Mutex<Box<dyn Write + Send>>,
+    link: Mutex<Link>,
+    /// Closes the current connection's socket.
+    closer: Mutex<Closer>,
     pending: DashMap<u64, Pending>,
     next_id: AtomicU64,
-    closed: AtomicBool,
-    closer: Closer,
+    generations: AtomicU64,
+    /// The terms of the first session (a reconnect must not change what the mount was
+    /// set up for).
     pub hello: HelloReply,
     pub peer: String,
+    params: HandshakeParams,
+    on_push: Option<Arc<PushHandler>>,
+    redial: Option<Redial>,
+    restorer: OnceLock<Arc<dyn Restorer>>,
+    /// One-way frames held back during a restore (they must follow it).
+    held_oneway: Mutex<Vec<Vec<u8>>>,
+    pub stats: LinkStats,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +182,94 @@ pub struct ConnectOptions {
     pub secret: Option<Vec<u8>>,
     /// The guest (uid, gid) files appear to belong to when the server squashes ownership.
     pub owner: (u32, u32),
+    /// Reconnect when the connection drops; None: fail every request from then on.
+    pub redial: Option<Redial>,
+}
+
+/// What every handshake of a connection sends.
+struct HandshakeParams {
+    client_name: Vec<u8>,
+    features: u64,
+    secret: Option<Vec<u8>>,
+    owner: (u32, u32),
+}
+
+/// A connection after its handshake.
+struct Session {
+    hello: HelloReply,
+    reader: Box<dyn io::Read + Send>,
+    writer: Box<dyn Write + Send>,
+    closer: Closer,
+    peer: String,
+}
+
+/// Longest a reconnect's handshake may take before the attempt is given up.
+const REDIAL_HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+/// Longest pause between two reconnect attempts.
+const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Greets the server on `stream`, authenticating with the secret if it asks.
+fn handshake(stream: Stream, params: &HandshakeParams) -> Result<Session, ConnectError> {
+    let Stream {
+        mut reader,
+        mut writer,
+        closer,
+        peer,
+        ..
+    } = stream;
+    write_magic(&mut *writer)?;
+    let mut client_nonce = [0u8; auth::NONCE_LEN];
+    rand::fill(&mut client_nonce);
+    let hello = Request::Hello(Hello {
+        min_version: PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        features: params.features,
+        max_frame: MAX_FRAME_LEN as u32,
+        owner_uid: params.owner.0,
+        owner_gid: params.owner.1,
+        client_nonce,
+        client_name: params.client_name.clone(),
+    });
+    writer.write_all(&hello.to_frame(0, Caller::default()))?;
+    writer.flush()?;
+    // Up to 64 KiB of noise (an ssh banner) may come before the server's magic.
+    read_magic(&mut *reader, 64 * 1024)?;
+    let mut hello = read_hello_reply(&mut *reader, Op::Hello)?;
+    if let Some(challenge) = hello.challenge.take() {
+        let secret = params
+            .secret
+            .as_deref()
+            .ok_or(ConnectError::SecretRequired)?;
+        // The server proves itself first, so a stranger learns nothing from our proof.
+        if !auth::verify(
+            secret,
+            Role::Server,
+            &client_nonce,
+            &challenge.server_nonce,
+            &challenge.server_proof,
+        ) {
+            return Err(ConnectError::ServerNotAuthenticated);
+        }
+        let proof = auth::proof(secret, Role::Client, &client_nonce, &challenge.server_nonce);
+        writer.write_all(&Request::Auth { proof }.to_frame(1, Caller::default()))?;
+        writer.flush()?;
+        hello = match read_hello_reply(&mut *reader, Op::Auth) {
+            Err(ConnectError::Refused(WireErrno::EACCES)) => {
+                return Err(ConnectError::SecretRefused)
+            }
+            r => r?,
+        };
+        if hello.challenge.is_some() {
+            return Err(ConnectError::Protocol("a second challenge".into()));
+        }
+    }
+    Ok(Session {
+        hello,
+        reader,
+        writer,
+        closer,
+        peer,
+    })
 }
 
 impl Connection {
@@ -118,8 +289,8 @@ impl Connection {
                 client_name: client_name.into(),
                 on_push,
                 host_events,
-                secret: None,
                 owner,
+                ..ConnectOptions::default()
             },
         )
     }
@@ -129,80 +300,61 @@ impl Connection {
         stream: Stream,
         opts: ConnectOptions,
     ) -> Result<Arc<Connection>, ConnectError> {
-        let Stream {
-            mut reader,
-            mut writer,
-            closer,
-            peer,
-            ..
-        } = stream;
-        let on_push = opts.on_push;
-        write_magic(&mut *writer)?;
-        let mut client_nonce = [0u8; auth::NONCE_LEN];
-        rand::fill(&mut client_nonce);
-        let hello = Request::Hello(Hello {
-            min_version: PROTOCOL_VERSION,
-            max_version: PROTOCOL_VERSION,
+        let params = HandshakeParams {
+            client_name: opts.client_name.into_bytes(),
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
-                | match (&on_push, opts.host_events) {
+                | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
                     (Some(_), false) => features::PUSH_INVALIDATE,
                     (Some(_), true) => features::PUSH_INVALIDATE | features::HOST_EVENTS,
                 },
-            max_frame: MAX_FRAME_LEN as u32,
-            owner_uid: opts.owner.0,
-            owner_gid: opts.owner.1,
-            client_nonce,
-            client_name: opts.client_name.as_bytes().to_vec(),
-        });
-        writer.write_all(&hello.to_frame(0, Caller::default()))?;
-        writer.flush()?;
-        // Up to 64 KiB of noise (an ssh banner) may come before the server's magic.
-        read_magic(&mut *reader, 64 * 1024)?;
-        let mut hello = read_hello_reply(&mut *reader, Op::Hello)?;
-        if let Some(challenge) = hello.challenge.take() {
-            let secret = opts.secret.as_deref().ok_or(ConnectError::SecretRequired)?;
-            // The server proves itself first, so a stranger learns nothing from our proof.
-            if !auth::verify(
-                secret,
-                Role::Server,
-                &client_nonce,
-                &challenge.server_nonce,
-                &challenge.server_proof,
-            ) {
-                return Err(ConnectError::ServerNotAuthenticated);
-            }
-            let proof = auth::proof(secret, Role::Client, &client_nonce, &challenge.server_nonce);
-            writer.write_all(&Request::Auth { proof }.to_frame(1, Caller::default()))?;
-            writer.flush()?;
-            hello = match read_hello_reply(&mut *reader, Op::Auth) {
-                Err(ConnectError::Refused(WireErrno::EACCES)) => {
-                    return Err(ConnectError::SecretRefused)
-                }
-                r => r?,
-            };
-            if hello.challenge.is_some() {
-                return Err(ConnectError::Protocol("a second challenge".into()));
-            }
-        }
+            secret: opts.secret,
+            owner: opts.owner,
+        };
+        let session = handshake(stream, &params)?;
         let conn = Arc::new(Connection {
-            writer: Mutex::new(writer),
+            link: Mutex::new(Link::Up {
+                writer: session.writer,
+                generation: 1,
+                broken: false,
+            }),
+            closer: Mutex::new(session.closer),
             pending: DashMap::new(),
             next_id: AtomicU64::new(1),
-            closed: AtomicBool::new(false),
-            closer,
-            hello,
-            peer,
+            generations: AtomicU64::new(1),
+            hello: session.hello,
+            peer: session.peer,
+            params,
+            on_push: opts.on_push.map(Arc::new),
+            redial: opts.redial,
+            restorer: OnceLock::new(),
+            held_oneway: Mutex::new(Vec::new()),
+            stats: LinkStats::default(),
         });
-        let reader_conn = conn.clone();
-        thread::Builder::new()
-            .name("tether-replies".into())
-            .spawn(move || reader_conn.read_replies(reader, on_push))?;
+        conn.start_reader(session.reader, 1)?;
         Ok(conn)
     }
 
-    fn read_replies(&self, mut reader: Box<dyn io::Read + Send>, on_push: Option<PushHandler>) {
+    /// Sets what re-creates server-side state after a reconnect (once).
+    pub fn set_restorer(&self, r: Arc<dyn Restorer>) {
+        let _ = self.restorer.set(r);
+    }
+
+    fn start_reader(
+        self: &Arc<Self>,
+        reader: Box<dyn io::Read + Send>,
+        generation: u64,
+    ) -> io::Result<()> {
+        let conn = self.clone();
+        thread::Builder::new()
+            .name("tether-replies".into())
+            .spawn(move || conn.read_replies(reader, generation))?;
+        Ok(())
+    }
+
+    fn read_replies(self: Arc<Self>, mut reader: Box<dyn io::Read + Send>, generation: u64) {
+        let mut goodbye = false;
         let why = loop {
             match read_frame(&mut *reader, MAX_FRAME_LEN) {
                 Ok(Some((h, body))) => match h.kind {
@@ -223,8 +375,12 @@ impl Connection {
                             }
                         }
                     }
+                    FrameKind::Push if h.op == push_op::GOODBYE => {
+                        goodbye = true;
+                        break "the server is shutting down".into();
+                    }
                     FrameKind::Push => {
-                        if let Some(handler) = &on_push {
+                        if let Some(handler) = &self.on_push {
                             handler(h, body);
                         }
                     }
@@ -234,67 +390,372 @@ impl Connection {
                 Err(e) => break format!("connection error: {e}"),
             }
         };
-        if self.is_closed() {
-            tracing::debug!(peer = %self.peer, "connection closed: {why}");
-        } else {
-            tracing::warn!(peer = %self.peer, "connection lost: {why}");
-        }
-        self.shut_down();
+        self.lost(generation, goodbye, &why);
     }
 
-    /// Marks the connection closed and fails every request still waiting with EIO.
-    pub fn shut_down(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.closer.close();
-        let ids: Vec<u64> = self.pending.iter().map(|e| *e.key()).collect();
-        for id in ids {
-            if let Some((_, p)) = self.pending.remove(&id) {
-                p.finish(Err(WireErrno::EIO));
+    /// Handles the loss of connection `generation`: requests that may go to the next
+    /// connection wait for it, the others fail.
+    fn lost(self: &Arc<Self>, generation: u64, goodbye: bool, why: &str) {
+        let mut failed = Vec::new();
+        let reconnect;
+        {
+            let mut link = self.link.lock().unwrap();
+            if link.generation() != Some(generation) {
+                return; // shut down, or already replaced
+            }
+            self.closer.lock().unwrap().close();
+            let was_up = matches!(*link, Link::Up { .. });
+            if self.redial.is_none() {
+                tracing::warn!(peer = %self.peer, "connection lost: {why}");
+                *link = Link::Closed;
+                drop(link);
+                self.fail_all();
+                return;
+            }
+            tracing::warn!(peer = %self.peer, "connection lost: {why}; reconnecting");
+            *link = Link::Down {
+                since: Instant::now(),
+            };
+            let now = Instant::now();
+            let ids: Vec<u64> = self.pending.iter().map(|e| *e.key()).collect();
+            for id in ids {
+                let fail = match self.pending.get_mut(&id) {
+                    Some(mut p) if p.waiting_since.is_none() => {
+                        // Sent and unanswered: did the server execute it?
+                        if !p.restoring && (goodbye || p.req.retry_safe()) {
+                            p.waiting_since = Some(now);
+                            false
+                        } else {
+                            true
+                        }
+                    }
+                    _ => false,
+                };
+                if fail {
+                    if let Some((_, p)) = self.pending.remove(&id) {
+                        failed.push(p);
+                    }
+                }
+            }
+            // A loss during a restore is handled by the reconnect thread already running.
+            reconnect = was_up;
+        }
+        if !failed.is_empty() {
+            tracing::warn!(
+                "{} request(s) in flight could not be sent again safely: failed with EIO",
+                failed.len()
+            );
+        }
+        self.fail(failed);
+        if reconnect {
+            let conn = self.clone();
+            let spawned = thread::Builder::new()
+                .name("tether-redial".into())
+                .spawn(move || conn.reconnect());
+            if spawned.is_err() {
+                self.shut_down();
             }
         }
     }
 
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
+    fn fail(&self, requests: Vec<Pending>) {
+        self.stats
+            .failed
+            .fetch_add(requests.len() as u64, Ordering::Relaxed);
+        for p in requests {
+            p.finish(Err(WireErrno::EIO));
+        }
     }
 
-    /// Sends `req`; `done` runs on the reader thread with the outcome.
+    fn fail_all(&self) {
+        let ids: Vec<u64> = self.pending.iter().map(|e| *e.key()).collect();
+        let failed = ids
+            .into_iter()
+            .filter_map(|id| self.pending.remove(&id).map(|(_, p)| p))
+            .collect();
+        self.fail(failed);
+    }
+
+    /// Fails the requests that have waited longer than the redial timeout.
+    fn expire(&self, timeout: Duration) {
+        let now = Instant::now();
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|e| {
+                e.waiting_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= timeout)
+            })
+            .map(|e| *e.key())
+            .collect();
+        let failed: Vec<Pending> = ids
+            .into_iter()
+            .filter_map(|id| {
+                self.pending
+                    .remove_if(&id, |_, p| p.waiting_since.is_some())
+                    .map(|(_, p)| p)
+            })
+            .collect();
+        if !failed.is_empty() {
+            tracing::warn!(
+                "{} request(s) waited {timeout:?} for the server: failed with EIO",
+                failed.len()
+            );
+        }
+        self.fail(failed);
+    }
+
+    /// Dials until a new connection is up and restored, or until shut down.
+    fn reconnect(self: Arc<Self>) {
+        let Some(redial) = &self.redial else { return };
+        let mut backoff = Duration::from_millis(20);
+        let mut attempts = 0u64;
+        loop {
+            let since = match &*self.link.lock().unwrap() {
+                Link::Down { since } => *since,
+                _ => return, // closed
+            };
+            self.expire(redial.timeout);
+            attempts += 1;
+            let dialed = (redial.dial)()
+                .map_err(ConnectError::Io)
+                .and_then(|stream| {
+                    if let Some(s) = &stream.socket {
+                        s.set_read_timeout(Some(REDIAL_HANDSHAKE_LIMIT))?;
+                    }
+                    let socket = stream.socket.clone();
+                    let session = handshake(stream, &self.params)?;
+                    if let Some(s) = socket {
+                        s.set_read_timeout(None)?;
+                    }
+                    Ok(session)
+                });
+            let session = match dialed {
+                Ok(s) => s,
+                Err(e) => {
+                    if attempts == 1 || attempts.is_multiple_of(50) {
+                        tracing::info!(peer = %self.peer, "reconnect attempt {attempts}: {e}");
+                    }
+                    thread::sleep(backoff);
+                    backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
+                    continue;
+                }
+            };
+            if session.hello.features != self.hello.features {
+                tracing::warn!(
+                    "the server now grants features {:#x} (was {:#x}); going on",
+                    session.hello.features,
+                    self.hello.features
+                );
+            }
+            let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+            {
+                let mut link = self.link.lock().unwrap();
+                if !matches!(*link, Link::Down { .. }) {
+                    session.closer.close();
+                    return;
+                }
+                if let Some(r) = self.restorer.get() {
+                    r.snapshot();
+                }
+                self.held_oneway.lock().unwrap().clear();
+                *link = Link::Restoring {
+                    writer: session.writer,
+                    generation,
+                };
+                *self.closer.lock().unwrap() = session.closer;
+            }
+            if self.start_reader(session.reader, generation).is_err() {
+                self.lost(generation, false, "cannot start a reader thread");
+                continue;
+            }
+            let restored = match self.restorer.get() {
+                Some(r) => r.restore(&self),
+                None => Ok(()),
+            };
+            let mut link = self.link.lock().unwrap();
+            if link.generation() != Some(generation) {
+                continue; // lost again during the restore
+            }
+            if let Err(e) = restored {
+                drop(link);
+                self.lost(generation, false, &format!("restoring state failed: {e}"));
+                continue;
+            }
+            let Link::Restoring { mut writer, .. } = std::mem::replace(&mut *link, Link::Closed)
+            else {
+                unreachable!("checked above")
+            };
+            let mut broken = false;
+            for frame in self.held_oneway.lock().unwrap().drain(..) {
+                broken = broken || writer.write_all(&frame).is_err();
+            }
+            *link = Link::Up {
+                writer,
+                generation,
+                broken,
+            };
+            let resent = self.send_waiting(&mut link);
+            drop(link);
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                peer = %self.peer,
+                "reconnected after {:.1} s ({attempts} attempt(s)); {resent} request(s) sent again",
+                since.elapsed().as_secs_f64()
+            );
+            return;
+        }
+    }
+
+    /// Sends every waiting request, oldest first, on the connection that just came up.
+    fn send_waiting(&self, link: &mut Link) -> usize {
+        let Link::Up { writer, broken, .. } = link else {
+            return 0;
+        };
+        let mut ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|e| e.waiting_since.is_some())
+            .map(|e| *e.key())
+            .collect();
+        ids.sort_unstable();
+        let mut sent = 0;
+        for id in ids {
+            let Some(mut p) = self.pending.get_mut(&id) else {
+                continue;
+            };
+            if writer.write_all(&p.req.to_frame(id, p.caller)).is_err() {
+                // This one and the rest wait for the next connection.
+                *broken = true;
+                break;
+            }
+            p.waiting_since = None;
+            sent += 1;
+        }
+        self.stats.resent.fetch_add(sent as u64, Ordering::Relaxed);
+        sent
+    }
+
+    /// Closes the connection for good and fails every request still waiting with EIO.
+    pub fn shut_down(&self) {
+        *self.link.lock().unwrap() = Link::Closed;
+        self.closer.lock().unwrap().close();
+        self.fail_all();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(*self.link.lock().unwrap(), Link::Closed)
+    }
+
+    /// "up", "reconnecting (N s)" or "closed", for `tether status`.
+    pub fn state(&self) -> String {
+        match &*self.link.lock().unwrap() {
+            Link::Up { .. } => "up".into(),
+            Link::Restoring { .. } => "restoring after a reconnect".into(),
+            Link::Down { since } => {
+                format!("reconnecting (for {:.0} s)", since.elapsed().as_secs_f64())
+            }
+            Link::Closed => "closed".into(),
+        }
+    }
+
+    /// Sends `req`; `done` runs on the reader thread with the outcome. While the server is
+    /// away the request waits (see the module comment).
     pub fn call(
         &self,
         caller: Caller,
         req: &Request,
         done: impl FnOnce(ReplyResult) + Send + 'static,
     ) {
-        if self.is_closed() {
-            return done(Err(WireErrno::EIO));
-        }
+        self.send(caller, req, Box::new(done), false);
+    }
+
+    /// Like [`Connection::call`], for a [`Restorer`]: sent on the connection being restored
+    /// and never sent again.
+    pub fn call_restoring(
+        &self,
+        caller: Caller,
+        req: &Request,
+        done: impl FnOnce(ReplyResult) + Send + 'static,
+    ) {
+        self.send(caller, req, Box::new(done), true);
+    }
+
+    fn send(&self, caller: Caller, req: &Request, done: Callback, restoring: bool) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = req.to_frame(id, caller);
-        self.pending.insert(
-            id,
-            Pending {
-                op: req.op() as u16,
-                done: Mutex::new(Box::new(done)),
-            },
-        );
-        let sent = self.writer.lock().unwrap().write_all(&frame);
-        // If the connection closed meanwhile, the reader may already have drained `pending`;
-        // make sure this request is not left waiting forever.
-        if sent.is_err() || self.is_closed() {
+        let mut pending = Pending {
+            op: req.op() as u16,
+            caller,
+            req: req.clone(),
+            waiting_since: None,
+            restoring,
+            done: Mutex::new(done),
+        };
+        let mut link = self.link.lock().unwrap();
+        let writer = match &mut *link {
+            Link::Up {
+                writer,
+                broken: false,
+                ..
+            } if !restoring => writer,
+            Link::Restoring { writer, .. } if restoring => writer,
+            Link::Up { .. } | Link::Restoring { .. } | Link::Down { .. } if !restoring => {
+                // Waits for the next connection.
+                pending.waiting_since = Some(Instant::now());
+                self.pending.insert(id, pending);
+                return;
+            }
+            // Closed, or a restore request after its connection was lost.
+            _ => {
+                drop(link);
+                return self.fail(vec![pending]);
+            }
+        };
+        self.pending.insert(id, pending);
+        if writer.write_all(&req.to_frame(id, caller)).is_ok() {
+            return;
+        }
+        // Not (wholly) sent. The reader sees the end of this connection soon (after a
+        // GOODBYE if the server is stopping).
+        if let Link::Up { broken, .. } = &mut *link {
+            // Safe to send again: it waits for the next connection.
+            *broken = true;
+            if let Some(mut p) = self.pending.get_mut(&id) {
+                p.waiting_since = Some(Instant::now());
+            }
+        } else {
+            // A restore is redone as a whole on the next connection.
+            drop(link);
             if let Some((_, p)) = self.pending.remove(&id) {
-                p.finish(Err(WireErrno::EIO));
+                self.fail(vec![p]);
             }
         }
     }
 
-    /// Sends a request that has no reply (forget).
+    /// Sends a request that has no reply (forget). Dropped while the server is away (the
+    /// restore starts from the state after it); held back during a restore.
     pub fn send_oneway(&self, caller: Caller, req: &Request) {
-        if self.is_closed() {
-            return;
-        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = req.to_frame(id, caller);
-        let _ = self.writer.lock().unwrap().write_all(&frame);
+        match &mut *self.link.lock().unwrap() {
+            Link::Up {
+                writer,
+                broken: false,
+                ..
+            } => {
+                let _ = writer.write_all(&frame);
+            }
+            Link::Restoring { .. } => self.held_oneway.lock().unwrap().push(frame),
+            _ => {}
+        }
+    }
+
+    /// A one-way request of a restore itself (not held back).
+    pub fn send_oneway_restoring(&self, caller: Caller, req: &Request) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Link::Restoring { writer, .. } = &mut *self.link.lock().unwrap() {
+            let _ = writer.write_all(&req.to_frame(id, caller));
+        }
     }
 
     /// Sends `req` and waits for the outcome (tests, the CLI; never FUSE handlers).

@@ -108,14 +108,21 @@ fn answer(
         IdMapping::Passthrough => "passthrough (host ids as they are)",
         IdMapping::Mapped => "mapped (the server's uid/gid table)",
     };
-    let report =
-        format!(
-        "mount: {mp}\nserver: {}{}\nconnection: {}\nownership: {ownership}\ncaching: {caching}\n\
+    let report = format!(
+        "mount: {mp}\nserver: {}{}\nconnection: {} ({} reconnects, {} requests sent again, \
+         {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
          host events: {events}\n",
         conn.peer,
-        if conn.hello.read_only { " (read-only export)" } else { "" },
-        if conn.is_closed() { "lost" } else { "up" },
+        if conn.hello.read_only {
+            " (read-only export)"
+        } else {
+            ""
+        },
+        conn.state(),
+        conn.stats.reconnects.load(Ordering::Relaxed),
+        conn.stats.resent.load(Ordering::Relaxed),
+        conn.stats.failed.load(Ordering::Relaxed),
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
     );

@@ -31,7 +31,7 @@ fn setup() -> Setup {
     let export = Export::open(dir.path(), &ExportOptions::default()).unwrap();
     let (client_end, server_end) = memory_pipe();
     let server = thread::spawn(move || {
-        let _ = run_session(export, server_end, &SessionLimits::default(), None);
+        let _ = run_session(export, server_end, &SessionLimits::default(), None, None);
     });
     let conn = Connection::start(client_end, "inprocess-test", None, false).unwrap();
     Setup {

@@ -313,7 +313,8 @@ fn remap(req: &mut Request, known: &[NodeId]) {
         | Mknod { parent, .. }
         | Mkdir { parent, .. }
         | Symlink { parent, .. }
-        | Create { parent, .. } => m(parent),
+        | Create { parent, .. }
+        | Reclaim { parent, .. } => m(parent),
         Rename {
             parent, new_parent, ..
         } => {
@@ -352,7 +353,8 @@ fn remap(req: &mut Request, known: &[NodeId]) {
         | Fsyncdir { node, .. }
         | Access { node, .. }
         | Fallocate { node, .. }
-        | Lseek { node, .. } => m(node),
+        | Lseek { node, .. }
+        | Reopen { node, .. } => m(node),
     }
 }
 

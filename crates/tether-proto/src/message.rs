@@ -52,6 +52,12 @@ pub enum Op {
     Lseek = 40,
     CopyFileRange = 41,
     Ping = 42,
+    /// After a reconnect: open `node` again under the handle number the client already
+    /// uses, so the kernel's open files go on working (protocol.md §12).
+    Reopen = 43,
+    /// After a reconnect: LOOKUP that counts the lookups the client's kernel already
+    /// holds on the node (protocol.md §12).
+    Reclaim = 44,
 }
 
 impl Op {
@@ -93,6 +99,8 @@ impl Op {
             40 => Lseek,
             41 => CopyFileRange,
             42 => Ping,
+            43 => Reopen,
+            44 => Reclaim,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -409,6 +417,17 @@ pub enum Request {
         flags: u32,
     },
     Ping,
+    Reopen {
+        node: NodeId,
+        fh: HandleId,
+        flags: u32,
+        dir: bool,
+    },
+    Reclaim {
+        parent: NodeId,
+        name: Bytes,
+        lookups: u64,
+    },
 }
 
 /// A successful reply. Which variant an op gets is fixed (see [`Request::op`] and the table
@@ -542,7 +561,44 @@ impl Entry {
     }
 }
 
+/// setxattr's flag for "fail if the attribute exists" (Linux's value, as on the wire).
+pub const XATTR_CREATE: u32 = 1;
+
 impl Request {
+    /// Whether executing the request twice has the same outcome as executing it once, so
+    /// that a client may send it again when a connection broke before the reply came: reads,
+    /// positioned writes, absolute attribute changes, syncs. Creating, removing and renaming
+    /// are not (the second try would fail with EEXIST or ENOENT), nor is an exclusive
+    /// setxattr or a removexattr.
+    pub fn retry_safe(&self) -> bool {
+        use Request::*;
+        match self {
+            Setxattr { flags, .. } => *flags & XATTR_CREATE == 0,
+            // A handle the first try opened went with its (broken) session.
+            Open { flags, .. } => {
+                *flags & (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32 == 0
+            }
+            Opendir { .. } => true,
+            Mknod { .. }
+            | Mkdir { .. }
+            | Unlink { .. }
+            | Rmdir { .. }
+            | Symlink { .. }
+            | Rename { .. }
+            | Link { .. }
+            | Create { .. }
+            | Removexattr { .. }
+            | Release { .. }
+            | Releasedir { .. }
+            | Hello(_)
+            | Auth { .. }
+            | Forget { .. }
+            | Reopen { .. }
+            | Reclaim { .. } => false,
+            _ => true,
+        }
+    }
+
     pub fn op(&self) -> Op {
         use Request::*;
         match self {
@@ -581,6 +637,8 @@ impl Request {
             Lseek { .. } => Op::Lseek,
             CopyFileRange { .. } => Op::CopyFileRange,
             Ping => Op::Ping,
+            Reopen { .. } => Op::Reopen,
+            Reclaim { .. } => Op::Reclaim,
         }
     }
 
@@ -782,6 +840,21 @@ impl Request {
                     .u32(*flags);
             }
             Ping => {}
+            Reopen {
+                node,
+                fh,
+                flags,
+                dir,
+            } => {
+                e.u64(*node).u64(*fh).u32(*flags).bool(*dir);
+            }
+            Reclaim {
+                parent,
+                name,
+                lookups,
+            } => {
+                e.u64(*parent).name(name).u64(*lookups);
+            }
         }
     }
 
@@ -972,6 +1045,17 @@ impl Request {
                 flags: d.u32()?,
             },
             Op::Ping => Ping,
+            Op::Reopen => Reopen {
+                node: d.u64()?,
+                fh: d.u64()?,
+                flags: d.u32()?,
+                dir: d.bool()?,
+            },
+            Op::Reclaim => Reclaim {
+                parent: d.u64()?,
+                name: d.name()?,
+                lookups: d.u64()?,
+            },
         };
         d.finish()?;
         Ok((caller, r))
@@ -1113,7 +1197,7 @@ impl Reply {
         let r = match op {
             // AUTH is answered with the HELLO reply it unlocks.
             Op::Hello | Op::Auth => Reply::Hello(HelloReply::decode(&mut d)?),
-            Op::Lookup | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Link => {
+            Op::Lookup | Op::Reclaim | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Link => {
                 Reply::Entry(Entry::decode(&mut d)?)
             }
             Op::Getattr | Op::Setattr => Reply::Attr(Attr::decode(&mut d)?),
@@ -1185,7 +1269,8 @@ impl Reply {
             | Op::Fsyncdir
             | Op::Access
             | Op::Fallocate
-            | Op::Ping => Reply::Empty,
+            | Op::Ping
+            | Op::Reopen => Reply::Empty,
         };
         d.finish()?;
         Ok(Ok(r))

@@ -12,6 +12,14 @@ pub mod push_op {
     /// A batch of invalidations: cached state the guest must drop, followed (when
     /// `HOST_EVENTS` was granted) by the host changes that caused them.
     pub const INVALIDATE: u16 = 100;
+    /// The server is shutting down and has answered every request it read: the client may
+    /// send the ones still unanswered to the next server. Empty body; the last frame.
+    pub const GOODBYE: u16 = 101;
+}
+
+/// The GOODBYE push (see [`push_op::GOODBYE`]).
+pub fn goodbye_frame() -> Vec<u8> {
+    FrameBuilder::new(FrameKind::Push, 0, push_op::GOODBYE, 0, 0).finish()
 }
 
 /// One thing the guest must stop trusting.

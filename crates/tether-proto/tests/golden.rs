@@ -102,7 +102,7 @@ fn entry_bytes() -> Vec<u8> {
 }
 
 /// Every operation with its code, little-endian as in the frame header.
-const OPS: [(Op, [u8; 2]); 35] = [
+const OPS: [(Op, [u8; 2]); 37] = [
     (Op::Hello, [1, 0]),
     (Op::Auth, [2, 0]),
     (Op::Lookup, [10, 0]),
@@ -138,6 +138,8 @@ const OPS: [(Op, [u8; 2]); 35] = [
     (Op::Lseek, [40, 0]),
     (Op::CopyFileRange, [41, 0]),
     (Op::Ping, [42, 0]),
+    (Op::Reopen, [43, 0]),
+    (Op::Reclaim, [44, 0]),
 ];
 
 /// Compares two frames, showing both in hex and the first differing offset on failure.
@@ -1085,6 +1087,53 @@ fn request_cases() -> Vec<ReqCase> {
             ]
             .concat(),
         },
+        ReqCase {
+            name: "reopen",
+            id: 42,
+            caller: CALLER,
+            req: Request::Reopen {
+                node: 0x1234,
+                fh: 7,
+                flags: 2,
+                dir: false,
+            },
+            expected: [
+                &[0x2d, 0, 0, 0][..],            // len: 45
+                &[1],                            // kind: request
+                &[0],                            // flags
+                &[43, 0],                        // op: 43 reopen
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &CALLER_BYTES,                   // caller
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
+                &[7, 0, 0, 0, 0, 0, 0, 0],       // fh 7, the number the client uses
+                &[2, 0, 0, 0],                   // flags: O_RDWR
+                &[0],                            // dir: false
+            ]
+            .concat(),
+        },
+        ReqCase {
+            name: "reclaim",
+            id: 42,
+            caller: CALLER,
+            req: Request::Reclaim {
+                parent: ROOT_NODE,
+                name: b(b"src"),
+                lookups: 3,
+            },
+            expected: [
+                &[0x2d, 0, 0, 0][..],         // len: 45
+                &[1],                         // kind: request
+                &[0],                         // flags
+                &[44, 0],                     // op: 44 reclaim
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+                &CALLER_BYTES,                // caller
+                &[1, 0, 0, 0, 0, 0, 0, 0],    // parent: ROOT_NODE
+                &[3, 0],                      // name length 3
+                b"src",                       // name
+                &[3, 0, 0, 0, 0, 0, 0, 0],    // lookups the kernel holds
+            ]
+            .concat(),
+        },
     ]
 }
 
@@ -1495,6 +1544,7 @@ fn reply_cases() -> Vec<ReplyCase> {
     // Replies shared by several operations: the same body under each op's header.
     for (op, code) in [
         (Op::Lookup, [10, 0]),
+        (Op::Reclaim, [44, 0]),
         (Op::Mknod, [15, 0]),
         (Op::Mkdir, [16, 0]),
         (Op::Symlink, [19, 0]),
@@ -1584,6 +1634,7 @@ fn reply_cases() -> Vec<ReplyCase> {
         (Op::Access, [37, 0]),
         (Op::Fallocate, [39, 0]),
         (Op::Ping, [42, 0]),
+        (Op::Reopen, [43, 0]),
     ] {
         cases.push(ReplyCase {
             name: format!("{op:?} empty"),
@@ -2076,7 +2127,7 @@ fn trailing_bytes_are_refused() {
 #[test]
 fn unknown_ops_are_refused() {
     let body = Bytes::copy_from_slice(&CALLER_BYTES);
-    for op in [0u16, 3, 9, 43, 100, 0x8000, u16::MAX] {
+    for op in [0u16, 3, 9, 45, 100, 0x8000, u16::MAX] {
         assert_eq!(Op::from_u16(op), Err(DecodeError::UnknownOp(op)));
         assert_eq!(
             Request::decode(op, body.clone()),
@@ -2606,4 +2657,17 @@ fn large_pushes_are_cut_into_frames_in_order() {
     // An empty batch is still one frame (callers only push when there is something).
     let mut seq = 0;
     assert_eq!(invalidate_frames(&mut seq, &[], &[]).len(), 1);
+}
+
+#[test]
+fn golden_goodbye_push() {
+    let expected = [
+        &[0x0c, 0, 0, 0][..],      // len: 12, a header and nothing else
+        &[3],                      // kind: push
+        &[0],                      // flags
+        &[101, 0],                 // op: 101 goodbye
+        &[0, 0, 0, 0, 0, 0, 0, 0], // id 0
+    ]
+    .concat();
+    assert_frame("GOODBYE push", &tether_proto::goodbye_frame(), &expected);
 }

@@ -6,13 +6,15 @@
 pub mod export;
 pub mod session;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 pub use export::{Export, ExportOptions, IdMap};
 pub use session::{run_session, SessionLimits};
-use tether_transport::{Listener, PeerCred};
+use tether_transport::{Listener, PeerCred, Socket};
 
 /// Who may connect, and how many at once.
 #[derive(Debug, Clone)]
@@ -24,6 +26,8 @@ pub struct ServeOptions {
     pub socket_group: Option<u32>,
     /// Connections served at once; more are closed at once, with a logged reason.
     pub max_sessions: usize,
+    /// Ends every session gracefully when the server shuts down.
+    pub drain: Arc<Drain>,
 }
 
 impl Default for ServeOptions {
@@ -33,6 +37,7 @@ impl Default for ServeOptions {
             secret: None,
             socket_group: None,
             max_sessions: 128,
+            drain: Arc::default(),
         }
     }
 }
@@ -73,6 +78,10 @@ pub fn serve(export: Arc<Export>, listener: Listener, opts: ServeOptions) -> std
                 continue;
             }
         }
+        if opts.drain.is_draining() {
+            tracing::info!(peer = %peer, "refused: shutting down");
+            continue;
+        }
         if sessions.fetch_add(1, Ordering::SeqCst) >= opts.max_sessions {
             sessions.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(peer = %peer, "refused: {} sessions already", opts.max_sessions);
@@ -82,7 +91,14 @@ pub fn serve(export: Arc<Export>, listener: Listener, opts: ServeOptions) -> std
         let spawned = thread::Builder::new()
             .name("tether-session".into())
             .spawn(move || {
-                match run_session(export, stream, &opts.limits, opts.secret.as_deref()) {
+                let secret = opts.secret.as_deref();
+                match run_session(
+                    export,
+                    stream,
+                    &opts.limits,
+                    secret,
+                    Some(opts.drain.clone()),
+                ) {
                     Ok(()) => {}
                     Err(e @ session::SessionError::Auth(_)) => {
                         tracing::warn!(peer = %peer, "refused: {e}")
@@ -96,5 +112,69 @@ pub fn serve(export: Arc<Export>, listener: Listener, opts: ServeOptions) -> std
             tracing::warn!("cannot start a session: {e}");
             sessions.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// A graceful shutdown: every session stops reading requests, answers the ones it read, and
+/// says GOODBYE, so that its client can send what is still unanswered to the next server
+/// (protocol.md §12). Nothing a client asked for is lost or done twice.
+#[derive(Default)]
+pub struct Drain {
+    draining: AtomicBool,
+    /// Sockets of the sessions being served, to stop their reading.
+    sessions: Mutex<HashMap<u64, Arc<Socket>>>,
+    left: Condvar,
+    next_key: AtomicU64,
+}
+
+impl Drain {
+    /// Starts the shutdown; returns at once (see [`Drain::wait`]).
+    pub fn begin(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        for s in self.sessions.lock().unwrap().values() {
+            s.stop_reading();
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every session has said goodbye, at most `limit`; false if some did not
+    /// (a request stuck on the host, such as a read of a FIFO without a writer).
+    pub fn wait(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut sessions = self.sessions.lock().unwrap();
+        while !sessions.is_empty() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            sessions = self.left.wait_timeout(sessions, left).unwrap().0;
+        }
+        true
+    }
+
+    /// Registers a session's socket; None when it has none to stop (in-process streams).
+    pub(crate) fn enter(self: &Arc<Self>, socket: &Option<Arc<Socket>>) -> Option<u64> {
+        let socket = socket.as_ref()?;
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.sessions.lock().unwrap().insert(key, socket.clone());
+        if self.is_draining() {
+            socket.stop_reading();
+        }
+        Some(key)
+    }
+
+    pub(crate) fn leave(&self, key: u64) {
+        self.sessions.lock().unwrap().remove(&key);
+        self.left.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drain")
+            .field("draining", &self.is_draining())
+            .finish_non_exhaustive()
     }
 }

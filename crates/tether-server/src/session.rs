@@ -20,6 +20,7 @@ use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic}
 use tether_transport::Stream;
 
 use crate::export::{Export, ExportFs};
+use crate::Drain;
 
 /// Limits of one session.
 #[derive(Debug, Clone)]
@@ -68,6 +69,7 @@ pub fn run_session(
     stream: Stream,
     limits: &SessionLimits,
     secret: Option<&[u8]>,
+    drain: Option<Arc<Drain>>,
 ) -> Result<(), SessionError> {
     let Stream {
         mut reader,
@@ -158,6 +160,11 @@ pub fn run_session(
         "session started"
     );
 
+    let _registered = drain.as_ref().and_then(|d| {
+        let key = d.enter(&socket)?;
+        Some(Registered(d.clone(), key))
+    });
+    let draining = move || drain.as_ref().is_some_and(|d| d.is_draining());
     let writer: SharedWriter = Arc::new(Mutex::new(writer));
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch.then(|| {
@@ -173,15 +180,30 @@ pub fn run_session(
     let reader = Arc::new(Mutex::new(reader));
     let workers: Vec<_> = (0..limits.workers)
         .map(|i| {
-            let (fs, reader, writer, closer) =
-                (fs.clone(), reader.clone(), writer.clone(), closer.clone());
+            let (fs, reader, writer, closer, draining) = (
+                fs.clone(),
+                reader.clone(),
+                writer.clone(),
+                closer.clone(),
+                draining.clone(),
+            );
             thread::Builder::new()
                 .name(format!("tether-worker-{i}"))
                 .spawn(move || {
                     let outcome = worker(&fs, &reader, &writer);
-                    // The first worker to stop ends the session for all.
-                    closer.close();
-                    outcome
+                    match outcome {
+                        // At the end of the stream every worker stops by itself, after
+                        // answering the request it is working on.
+                        Ok(()) => Ok(()),
+                        // Reading stopped mid-frame: that request was not read.
+                        Err(_) if draining() => Ok(()),
+                        Err(e) => {
+                            // A broken stream: the first worker to see it ends the session
+                            // for all.
+                            closer.close();
+                            Err(e)
+                        }
+                    }
                 })
                 .expect("spawn worker")
         })
@@ -200,8 +222,24 @@ pub fn run_session(
     if let Some(w) = watcher {
         let _ = w.join();
     }
+    if outcome.is_ok() && draining() {
+        // Every request read was answered (each worker wrote its reply before it stopped).
+        let mut w = writer.lock().unwrap();
+        let _ = write_frame(&mut **w, &tether_proto::goodbye_frame()).and_then(|_| w.flush());
+        tracing::info!(peer = %peer, "said goodbye: shutting down");
+    }
+    closer.close();
     tracing::info!(peer = %peer, nodes = fs.nodes.len(), handles = fs.open_handles(), "session ended");
     outcome
+}
+
+/// A session's place in the server's [`Drain`], given up when the session ends.
+struct Registered(Arc<Drain>, u64);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
 }
 
 /// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.

@@ -105,9 +105,19 @@ impl Socket {
         }
     }
     fn shutdown(&self) {
+        self.shutdown_how(std::net::Shutdown::Both);
+    }
+
+    /// Stops reading: every later read sees the end of the stream, while writes still go
+    /// out (a server that is shutting down answers what it read).
+    pub fn stop_reading(&self) {
+        self.shutdown_how(std::net::Shutdown::Read);
+    }
+
+    fn shutdown_how(&self, how: std::net::Shutdown) {
         let _ = match self {
-            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Socket::Unix(s) => s.shutdown(how),
+            Socket::Tcp(s) => s.shutdown(how),
         };
     }
     fn halves(&self) -> io::Result<(Box<dyn Read + Send>, Box<dyn Write + Send>)> {

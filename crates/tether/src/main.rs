@@ -12,7 +12,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tether_client::mount::{unmount, MountOptions, Mounted};
-use tether_client::rpc::ConnectOptions;
+use tether_client::rpc::{ConnectOptions, Redial};
 use tether_client::{CachePolicy, Coherence, Connection};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
@@ -103,6 +103,10 @@ enum Command {
         /// The guest group files appear to belong to (default: the group of MOUNTPOINT).
         #[arg(long)]
         gid: Option<u32>,
+        /// Seconds a file operation waits for a lost server to come back before it fails
+        /// with EIO (the mount stays up and keeps reconnecting).
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
     },
     /// Connect and authenticate to a server, and report what it offers; changes nothing.
     Check {
@@ -189,6 +193,9 @@ fn group_id(name: &str) -> Result<u32> {
     Ok(unsafe { (*gr).gr_gid })
 }
 
+/// How long a stopping server waits for its sessions to answer what they read.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn run(cmd: Command) -> Result<()> {
     match cmd {
         Command::Serve {
@@ -253,9 +260,20 @@ fn run(cmd: Command) -> Result<()> {
                 Address::Unix(p) => Some(p.clone()),
                 Address::Tcp(_) => None,
             };
+            let drain = Arc::new(tether_server::Drain::default());
             let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
+            let stopping = drain.clone();
             thread::spawn(move || {
                 if signals.forever().next().is_some() {
+                    // Clients reconnect to the next server and send it what this one did
+                    // not answer; a second signal does not wait.
+                    stopping.begin();
+                    let hurry = thread::spawn(move || signals.forever().next());
+                    let deadline = std::time::Instant::now() + DRAIN_LIMIT;
+                    while !stopping.wait(std::time::Duration::from_millis(50))
+                        && !hurry.is_finished()
+                        && std::time::Instant::now() < deadline
+                    {}
                     if let Some(p) = socket_file {
                         let _ = std::fs::remove_file(p);
                     }
@@ -274,6 +292,7 @@ fn run(cmd: Command) -> Result<()> {
                     secret: secret.map(Arc::from),
                     socket_group,
                     max_sessions,
+                    drain,
                     limits: SessionLimits {
                         handshake_timeout: std::time::Duration::from_secs_f64(handshake_timeout),
                         ..SessionLimits::default()
@@ -293,6 +312,7 @@ fn run(cmd: Command) -> Result<()> {
             secret_file,
             uid,
             gid,
+            timeout,
         } => {
             let addr = parse_address(&address)?;
             let mp_meta = std::fs::metadata(&mountpoint).with_context(|| {
@@ -304,6 +324,10 @@ fn run(cmd: Command) -> Result<()> {
             if !(0.0..=86400.0 * 365.0).contains(&attr_timeout) {
                 bail!("--attr-timeout must be between 0 and one year of seconds");
             }
+            if !(0.1..=86400.0 * 365.0).contains(&timeout) {
+                bail!("--timeout must be between 0.1 seconds and one year");
+            }
+            let dial_addr = addr.clone();
             let co = Coherence::new();
             let on_push: Option<tether_client::rpc::PushHandler> = if no_push {
                 None
@@ -319,6 +343,10 @@ fn run(cmd: Command) -> Result<()> {
                     host_events: !no_watch_events,
                     secret: client_secret(secret_file)?,
                     owner: (uid.unwrap_or(mp_meta.uid()), gid.unwrap_or(mp_meta.gid())),
+                    redial: Some(Redial {
+                        dial: Box::new(move || tether_transport::connect(&dial_addr)),
+                        timeout: std::time::Duration::from_secs_f64(timeout),
+                    }),
                 },
             )?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);

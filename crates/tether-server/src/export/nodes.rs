@@ -146,7 +146,6 @@ pub struct NodeTable {
     /// Whether any file of the root's file system has a synthetic id (skips a lookup).
     any_reused: AtomicBool,
     next_foreign: AtomicU64,
-    next_generation: AtomicU64,
     root_dev: u64,
     root_ino: u64,
     budget: Arc<FdBudget>,
@@ -162,7 +161,6 @@ impl NodeTable {
             foreign: DashMap::new(),
             any_reused: AtomicBool::new(false),
             next_foreign: AtomicU64::new(FOREIGN_BASE),
-            next_generation: AtomicU64::new(1),
             root_dev: st.st_dev,
             root_ino: st.st_ino,
             budget: budget.clone(),
@@ -247,7 +245,7 @@ impl NodeTable {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
                 Arc::new(Node {
                     id,
-                    generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+                    generation: generation_of(birth()),
                     dev: st.st_dev,
                     ino: st.st_ino,
                     kind: st.st_mode & libc::S_IFMT,
@@ -294,6 +292,14 @@ impl NodeTable {
             *id = self.next_foreign.fetch_add(1, Ordering::Relaxed);
         }
         *id
+    }
+
+    /// Counts `more` lookups of a held node (a reconnecting client restoring what its
+    /// kernel holds). The shard's read lock keeps FORGET's removal out meanwhile.
+    pub fn add_lookups(&self, id: NodeId, more: u64) {
+        if let Some(node) = self.nodes.get(&id) {
+            node.lookups.fetch_add(more, Ordering::Relaxed);
+        }
     }
 
     /// Drops `count` lookups; returns the node if it left the table (none are left).
@@ -362,4 +368,17 @@ impl NodeTable {
         self.budget.opened(node);
         Ok(fd)
     }
+}
+
+/// A node's generation: its birth time, so that it is the same in every session (a kernel
+/// that kept a node across a reconnect must find it unchanged) and differs for a later file
+/// with the same inode number. 0 where the file system records no birth time.
+fn generation_of(birth: Option<(i64, u32)>) -> u64 {
+    birth
+        .map(|(sec, nsec)| {
+            (sec as u64)
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(nsec as u64)
+        })
+        .unwrap_or(0)
 }

@@ -354,9 +354,34 @@ impl ExportFs {
         if self.handles.len() >= self.export.max_handles {
             return Err(WireErrno::EMFILE);
         }
-        let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.handles.insert(id, (node, Arc::new(h)));
-        Ok(id)
+        let h = (node, Arc::new(h));
+        loop {
+            // Skips numbers a reconnecting client claimed with REOPEN.
+            let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+            if let dashmap::Entry::Vacant(v) = self.handles.entry(id) {
+                v.insert(h);
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Adds a handle under the number `fh` a reconnecting client already uses for it.
+    fn add_handle_at(&self, node: NodeId, fh: HandleId, h: Handle) -> SysResult<()> {
+        if fh == 0 {
+            return Err(WireErrno::EINVAL);
+        }
+        if self.handles.len() >= self.export.max_handles {
+            return Err(WireErrno::EMFILE);
+        }
+        match self.handles.entry(fh) {
+            dashmap::Entry::Occupied(_) => Err(WireErrno::EEXIST),
+            dashmap::Entry::Vacant(v) => {
+                v.insert((node, Arc::new(h)));
+                self.next_handle
+                    .fetch_max(fh.saturating_add(1), Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 
     /// Opens the node's inode again through /proc/self/fd with real access flags.
@@ -371,7 +396,7 @@ impl ExportFs {
 
     fn check_writable(&self, req: &Request) -> SysResult<()> {
         let mutating = req.op().mutates()
-            || matches!(req, Request::Open { flags, .. }
+            || matches!(req, Request::Open { flags, .. } | Request::Reopen { flags, dir: false, .. }
                 if flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32
                     || flags & libc::O_TRUNC as u32 != 0);
         if self.export.read_only && mutating {
@@ -416,6 +441,17 @@ impl ExportFs {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
+            }
+            Reclaim {
+                parent,
+                name,
+                lookups,
+            } => {
+                let name = component(&name)?;
+                let pfd = self.dir_fd(parent)?;
+                let e = self.lookup_in(parent, pfd.as_fd(), name)?;
+                self.nodes.add_lookups(e.node, lookups.saturating_sub(1));
+                Ok(Reply::Entry(e))
             }
             Forget { nodes } => {
                 for (id, n) in nodes {
@@ -709,6 +745,26 @@ impl ExportFs {
                 self.own_change(&n, fd.as_fd(), || {
                     sys::removexattr(&sys::proc_path(fd.as_fd()), &name)
                 })?;
+                Ok(Reply::Empty)
+            }
+            Reopen {
+                node,
+                fh,
+                flags,
+                dir,
+            } => {
+                let h = if dir {
+                    Handle::Dir(Mutex::new(self.dir_stream(node)?))
+                } else {
+                    let (n, fd) = self.openable_node(node)?;
+                    if n.is_dir() {
+                        return Err(WireErrno::EISDIR);
+                    }
+                    // The file was created and truncated when it was first opened.
+                    let flags = open_host_flags(flags) & !libc::O_TRUNC;
+                    Handle::File(self.reopen(&fd, flags)?)
+                };
+                self.add_handle_at(node, fh, h)?;
                 Ok(Reply::Empty)
             }
             Opendir { node, .. } => {

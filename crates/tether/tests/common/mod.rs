@@ -114,11 +114,21 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Sends `signal` to the server and waits until it has exited.
+    pub fn stop_with(&mut self, signal: i32) {
+        // A reaped child's pid may belong to another process by now.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: signalling our own, unreaped child process.
+            unsafe { libc::kill(self.child.id() as i32, signal) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
-        // SAFETY: sending SIGTERM to our own child process.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        self.stop_with(libc::SIGTERM);
     }
 }
 

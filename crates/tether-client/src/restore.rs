@@ -1,0 +1,274 @@
+//! What a reconnect must re-create on the new server session: every node the kernel holds
+//! (found again by the name it was last seen under, and kept only if it is still the same
+//! file) and every open handle (opened again under the number the kernel knows). See
+//! protocol.md §12.
+
+use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tether_proto::{entry_flags, Caller, HandleId, NodeId, Reply, Request, WireErrno, ROOT_NODE};
+
+use crate::coherence::Coherence;
+use crate::rpc::{Connection, Restorer};
+
+/// Where a node was last seen, and how many lookups the kernel holds on it.
+struct Place {
+    parent: NodeId,
+    name: Box<[u8]>,
+    /// Counted like the kernel's nlookup, so that a FORGET handled after a racing LOOKUP
+    /// of the same node (two FUSE threads) still leaves it known.
+    lookups: u64,
+}
+
+/// An open handle the kernel uses, and how to open it again.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenHandle {
+    pub node: NodeId,
+    pub flags: u32,
+    pub dir: bool,
+}
+
+/// The nodes and handles the kernel holds, as a reconnect needs them.
+#[derive(Default)]
+pub struct Known {
+    places: DashMap<NodeId, Place>,
+    /// (parent, hash of name) -> node, to follow renames made through the mount. A hash
+    /// collision only loses track of a renamed node (it is then lost at a reconnect).
+    by_name: DashMap<(NodeId, u64), NodeId>,
+    handles: DashMap<HandleId, OpenHandle>,
+}
+
+fn name_key(parent: NodeId, name: &[u8]) -> (NodeId, u64) {
+    let mut h = DefaultHasher::new();
+    name.hash(&mut h);
+    (parent, h.finish())
+}
+
+impl Known {
+    /// The kernel was given `node` as `name` in `parent` (one more lookup it holds).
+    pub fn seen(&self, parent: NodeId, name: &[u8], node: NodeId) {
+        self.place(parent, name, node, 1);
+    }
+
+    /// Records `node`'s place, adding `lookups` to its count.
+    fn place(&self, parent: NodeId, name: &[u8], node: NodeId, lookups: u64) {
+        if node == ROOT_NODE || node == 0 || name == b"." || name == b".." {
+            return;
+        }
+        let key = name_key(parent, name);
+        let old_key = {
+            let mut p = self.places.entry(node).or_insert_with(|| Place {
+                parent,
+                name: name.into(),
+                lookups: 0,
+            });
+            p.lookups += lookups;
+            let old_key = name_key(p.parent, &p.name);
+            if old_key != key {
+                p.parent = parent;
+                p.name = name.into();
+            }
+            old_key
+        };
+        if old_key != key {
+            self.by_name.remove_if(&old_key, |_, n| *n == node);
+        }
+        self.by_name.insert(key, node);
+    }
+
+    /// `name` in `parent` was renamed through the mount (with `exchange`, the two names
+    /// swapped their files).
+    pub fn renamed(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        new_parent: NodeId,
+        new_name: &[u8],
+        exchange: bool,
+    ) {
+        let moved = self.by_name.remove(&name_key(parent, name));
+        let other = exchange
+            .then(|| self.by_name.remove(&name_key(new_parent, new_name)))
+            .flatten();
+        if let Some((_, node)) = moved {
+            self.place(new_parent, new_name, node, 0);
+        }
+        if let Some((_, node)) = other {
+            self.place(parent, name, node, 0);
+        }
+    }
+
+    /// The kernel dropped `lookups` of its lookups of `node`.
+    pub fn forgotten(&self, node: NodeId, lookups: u64) {
+        let gone = self.places.remove_if_mut(&node, |_, p| {
+            p.lookups = p.lookups.saturating_sub(lookups);
+            p.lookups == 0
+        });
+        if let Some((_, p)) = gone {
+            self.by_name
+                .remove_if(&name_key(p.parent, &p.name), |_, n| *n == node);
+        }
+    }
+
+    pub fn opened(&self, fh: HandleId, h: OpenHandle) {
+        if fh != 0 {
+            self.handles.insert(fh, h);
+        }
+    }
+
+    pub fn released(&self, fh: HandleId) {
+        self.handles.remove(&fh);
+    }
+
+    /// (nodes, open handles) known.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.places.len(), self.handles.len())
+    }
+}
+
+/// What a restore re-creates: (node, parent, name, lookups) and the open handles.
+#[derive(Default)]
+struct Snapshot {
+    nodes: Vec<(NodeId, NodeId, Box<[u8]>, u64)>,
+    handles: Vec<(HandleId, OpenHandle)>,
+}
+
+/// Re-creates the known nodes and handles on a new connection.
+pub struct Restore {
+    known: Arc<Known>,
+    co: Arc<Coherence>,
+    snapshot: Mutex<Snapshot>,
+}
+
+impl Restore {
+    pub fn new(known: Arc<Known>, co: Arc<Coherence>) -> Restore {
+        Restore {
+            known,
+            co,
+            snapshot: Mutex::default(),
+        }
+    }
+
+    /// Looks every known node up again, parents before children. Returns how many were
+    /// lost (gone, or now another file).
+    fn nodes(&self, conn: &Connection) -> Result<usize, WireErrno> {
+        let mut todo = std::mem::take(&mut self.snapshot.lock().unwrap().nodes);
+        let mut found: HashSet<NodeId> = HashSet::from([ROOT_NODE]);
+        let mut lost = Vec::new();
+        while !todo.is_empty() {
+            let (ready, rest): (Vec<_>, Vec<_>) = todo
+                .into_iter()
+                .partition(|(_, parent, _, _)| found.contains(parent));
+            if ready.is_empty() {
+                // Their parents were lost: so are they.
+                lost.extend(rest.into_iter().map(|(node, ..)| node));
+                break;
+            }
+            let (tx, rx) = mpsc::channel();
+            for (node, parent, name, lookups) in &ready {
+                let (tx, node, lookups) = (tx.clone(), *node, *lookups);
+                // As many lookups as the kernel holds, so that its FORGETs add up.
+                let req = Request::Reclaim {
+                    parent: *parent,
+                    name: bytes::Bytes::copy_from_slice(name),
+                    lookups,
+                };
+                conn.call_restoring(Caller::default(), &req, move |r| {
+                    let _ = tx.send((node, lookups, r));
+                });
+            }
+            drop(tx);
+            for (node, lookups, r) in rx.iter() {
+                match r {
+                    Ok(Reply::Entry(e)) if e.node == node => {
+                        self.co
+                            .set_watched(node, e.flags & entry_flags::WATCHED != 0);
+                        found.insert(node);
+                    }
+                    Ok(Reply::Entry(e)) => {
+                        // Another file has the name now; the kernel's node is stale.
+                        let forget = Request::Forget {
+                            nodes: vec![(e.node, lookups)],
+                        };
+                        conn.send_oneway_restoring(Caller::default(), &forget);
+                        lost.push(node);
+                    }
+                    Err(WireErrno::EIO) => return Err(WireErrno::EIO),
+                    other => {
+                        tracing::debug!("node {node} is gone: {other:?}");
+                        lost.push(node)
+                    }
+                }
+            }
+            todo = rest;
+        }
+        // Requests for lost nodes get ESTALE from the server, which never heard of them.
+        for node in &lost {
+            self.known.forgotten(*node, u64::MAX);
+        }
+        Ok(lost.len())
+    }
+
+    /// Opens every known handle again under its number. Returns how many could not be.
+    fn handles(&self, conn: &Connection) -> Result<usize, WireErrno> {
+        let handles = std::mem::take(&mut self.snapshot.lock().unwrap().handles);
+        let (tx, rx) = mpsc::channel();
+        for (fh, h) in handles {
+            let tx = tx.clone();
+            let req = Request::Reopen {
+                node: h.node,
+                fh,
+                flags: h.flags,
+                dir: h.dir,
+            };
+            conn.call_restoring(Caller::default(), &req, move |r| {
+                let _ = tx.send((fh, r));
+            });
+        }
+        drop(tx);
+        let mut lost = 0;
+        for (fh, r) in rx.iter() {
+            match r {
+                Ok(_) => {}
+                Err(WireErrno::EIO) => return Err(WireErrno::EIO),
+                Err(e) => {
+                    // I/O through it now fails with EBADF.
+                    tracing::warn!("open handle {fh} could not be opened again: {e}");
+                    self.known.released(fh);
+                    lost += 1;
+                }
+            }
+        }
+        Ok(lost)
+    }
+}
+
+impl Restorer for Restore {
+    fn snapshot(&self) {
+        *self.snapshot.lock().unwrap() = Snapshot {
+            nodes: (self.known.places.iter())
+                .map(|e| (*e.key(), e.parent, e.name.clone(), e.lookups))
+                .collect(),
+            handles: (self.known.handles.iter())
+                .map(|e| (*e.key(), *e))
+                .collect(),
+        };
+    }
+
+    fn restore(&self, conn: &Connection) -> Result<(), WireErrno> {
+        // Changes made while the connection was down were never pushed.
+        self.co.reconnected(Duration::from_millis(100));
+        let lost_nodes = self.nodes(conn)?;
+        let lost_handles = self.handles(conn)?;
+        let (nodes, handles) = self.known.counts();
+        tracing::warn!(
+            "restored {nodes} node(s) and {handles} open handle(s) on the new connection; \
+             {lost_nodes} node(s) and {lost_handles} handle(s) were gone"
+        );
+        Ok(())
+    }
+}
