@@ -1,7 +1,7 @@
 //! What a reconnect must re-create on the new server session: every node the kernel holds
 //! (found again by the name it was last seen under, and kept only if it is still the same
 //! file) and every open handle (opened again under the number the kernel knows). See
-//! protocol.md §12.
+//! protocol.md §15.
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};

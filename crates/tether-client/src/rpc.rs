@@ -7,7 +7,7 @@
 //! then fail with EIO. On the new connection a [`Restorer`] first re-creates the server-side
 //! state the kernel relies on (nodes, open handles); then the waiting requests go out:
 //! those never sent, those the server did not read (it said GOODBYE), and those unanswered
-//! that are safe to execute twice. The others fail with EIO (protocol.md §12).
+//! that are safe to execute twice. The others fail with EIO (protocol.md §15).
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -53,10 +53,10 @@ pub enum Op {
     CopyFileRange = 41,
     Ping = 42,
     /// After a reconnect: open `node` again under the handle number the client already
-    /// uses, so the kernel's open files go on working (protocol.md §12).
+    /// uses, so the kernel's open files go on working (protocol.md §15).
     Reopen = 43,
     /// After a reconnect: LOOKUP that counts the lookups the client's kernel already
-    /// holds on the node (protocol.md §12).
+    /// holds on the node (protocol.md §15).
     Reclaim = 44,
 }
 

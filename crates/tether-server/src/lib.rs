@@ -117,7 +117,7 @@ pub fn serve(export: Arc<Export>, listener: Listener, opts: ServeOptions) -> std
 
 /// A graceful shutdown: every session stops reading requests, answers the ones it read, and
 /// says GOODBYE, so that its client can send what is still unanswered to the next server
-/// (protocol.md §12). Nothing a client asked for is lost or done twice.
+/// (protocol.md §15). Nothing a client asked for is lost or done twice.
 #[derive(Default)]
 pub struct Drain {
     draining: AtomicBool,
