@@ -892,7 +892,7 @@ impl Filesystem for TetherFs {
                 }
                 reply.ok();
                 if !unused.is_empty() {
-                    conn.send_oneway(who, &Request::Forget { nodes: unused });
+                    conn.defer(who, Request::Forget { nodes: unused }, None);
                 }
                 Ok(())
             }
@@ -1052,13 +1052,13 @@ impl Filesystem for TetherFs {
                 // files are), so a handle given to it could stay open on the server for good:
                 // release it now and let the kernel do I/O on the new file by node.
                 let kernel_fh = if co.enabled() {
-                    conn.call(
+                    conn.defer(
                         who,
-                        &Request::Release {
+                        Request::Release {
                             node: entry.node,
                             fh,
                         },
-                        |_| {},
+                        Some(Box::new(|_| {})),
                     );
                     0
                 } else {

@@ -144,6 +144,8 @@ pub struct Connection {
     restorer: OnceLock<Arc<dyn Restorer>>,
     /// One-way frames held back during a restore (they must follow it).
     held_oneway: Mutex<Vec<Vec<u8>>>,
+    /// Requests made on the reader thread, sent by another one (see [`Connection::defer`]).
+    deferred: OnceLock<mpsc::Sender<(Caller, Request, Option<Callback>)>>,
     pub stats: LinkStats,
 }
 
@@ -330,6 +332,7 @@ impl Connection {
             redial: opts.redial,
             restorer: OnceLock::new(),
             held_oneway: Mutex::new(Vec::new()),
+            deferred: OnceLock::new(),
             stats: LinkStats::default(),
         });
         conn.start_reader(session.reader, 1)?;
@@ -755,6 +758,38 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Link::Restoring { writer, .. } = &mut *self.link.lock().unwrap() {
             let _ = writer.write_all(&req.to_frame(id, caller));
+        }
+    }
+
+    /// Sends `req` from another thread: for reply callbacks, which run on the reader
+    /// thread. The reader must never wait for the writer: with the socket full both ways
+    /// (big writes going out, the server blocked on its replies) that would deadlock.
+    /// `done` None: a one-way request.
+    pub fn defer(
+        self: &Arc<Self>,
+        caller: Caller,
+        req: Request,
+        done: Option<Box<dyn FnOnce(ReplyResult) + Send>>,
+    ) {
+        let tx = self.deferred.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<(Caller, Request, Option<Callback>)>();
+            // Weak: the thread must not keep the connection alive.
+            let conn = Arc::downgrade(self);
+            let _ = thread::Builder::new()
+                .name("tether-deferred".into())
+                .spawn(move || {
+                    for (caller, req, done) in rx {
+                        let Some(conn) = conn.upgrade() else { return };
+                        match done {
+                            Some(done) => conn.send(caller, &req, done, false),
+                            None => conn.send_oneway(caller, &req),
+                        }
+                    }
+                });
+            tx
+        });
+        if let Err(mpsc::SendError((_, _, Some(done)))) = tx.send((caller, req, done)) {
+            done(Err(WireErrno::EIO));
         }
     }
 
