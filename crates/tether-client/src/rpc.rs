@@ -74,6 +74,8 @@ struct Pending {
     req: Request,
     /// None: sent on the current connection. Some: waiting for one since then.
     waiting_since: Option<Instant>,
+    /// When the request was made: it waits at most the redial timeout from then.
+    created: Instant,
     /// Part of a restore: never sent again (the restore itself is redone).
     restoring: bool,
     /// Only ever taken by value after removal from the map; the mutex makes the map Sync
@@ -134,6 +136,9 @@ pub struct Connection {
     pending: DashMap<u64, Pending>,
     next_id: AtomicU64,
     generations: AtomicU64,
+    /// When the last frame arrived (ms since `epoch`), to tell a silent server.
+    last_received: AtomicU64,
+    epoch: Instant,
     /// The terms of the first session (a reconnect must not change what the mount was
     /// set up for).
     pub hello: HelloReply,
@@ -209,6 +214,38 @@ struct Session {
 const REDIAL_HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 /// Longest pause between two reconnect attempts.
 const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Notices a server that stopped answering without closing the connection (stopped, or
+/// behind a broken network): with requests unanswered, a PING after half the redial
+/// timeout of silence, and the connection is given up after the whole timeout, so that
+/// calls fail with EIO instead of hanging. A busy server answers the PING.
+fn watchdog(conn: std::sync::Weak<Connection>, timeout: Duration) {
+    let tick = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut pinged = false;
+    loop {
+        thread::sleep(tick);
+        let Some(conn) = conn.upgrade() else { return };
+        let generation = match &*conn.link.lock().unwrap() {
+            Link::Closed => return,
+            Link::Up { generation, .. } => *generation,
+            _ => continue,
+        };
+        let unanswered = conn.pending.iter().any(|e| e.waiting_since.is_none());
+        let silence = conn.silence();
+        if !unanswered || silence < timeout / 2 {
+            pinged = false;
+            continue;
+        }
+        if silence >= timeout {
+            let why = format!("no answer for {:.1} s", silence.as_secs_f64());
+            conn.lost(generation, false, &why);
+            pinged = false;
+        } else if !pinged {
+            conn.call(Caller::default(), &Request::Ping, |_| {});
+            pinged = true;
+        }
+    }
+}
 
 /// Greets the server on `stream`, authenticating with the secret if it asks.
 fn handshake(stream: Stream, params: &HandshakeParams) -> Result<Session, ConnectError> {
@@ -325,6 +362,8 @@ impl Connection {
             pending: DashMap::new(),
             next_id: AtomicU64::new(1),
             generations: AtomicU64::new(1),
+            last_received: AtomicU64::new(0),
+            epoch: Instant::now(),
             hello: session.hello,
             peer: session.peer,
             params,
@@ -336,7 +375,24 @@ impl Connection {
             stats: LinkStats::default(),
         });
         conn.start_reader(session.reader, 1)?;
+        if let Some(r) = &conn.redial {
+            let (watched, period) = (Arc::downgrade(&conn), r.timeout);
+            thread::Builder::new()
+                .name("tether-watchdog".into())
+                .spawn(move || watchdog(watched, period))?;
+        }
         Ok(conn)
+    }
+
+    fn heard(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_received.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long the server has been silent.
+    fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.last_received.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
     }
 
     /// Sets what re-creates server-side state after a reconnect (once).
@@ -359,7 +415,9 @@ impl Connection {
     fn read_replies(self: Arc<Self>, mut reader: Box<dyn io::Read + Send>, generation: u64) {
         let mut goodbye = false;
         let why = loop {
-            match read_frame(&mut *reader, MAX_FRAME_LEN) {
+            let frame = read_frame(&mut *reader, MAX_FRAME_LEN);
+            self.heard();
+            match frame {
                 Ok(Some((h, body))) => match h.kind {
                     FrameKind::Reply => {
                         let Some((_, p)) = self.pending.remove(&h.id) else {
@@ -486,8 +544,7 @@ impl Connection {
             .pending
             .iter()
             .filter(|e| {
-                e.waiting_since
-                    .is_some_and(|t| now.saturating_duration_since(t) >= timeout)
+                e.waiting_since.is_some() && now.saturating_duration_since(e.created) >= timeout
             })
             .map(|e| *e.key())
             .collect();
@@ -501,7 +558,7 @@ impl Connection {
             .collect();
         if !failed.is_empty() {
             tracing::warn!(
-                "{} request(s) waited {timeout:?} for the server: failed with EIO",
+                "{} request(s) waited {timeout:?} for a server: failed with EIO",
                 failed.len()
             );
         }
@@ -524,7 +581,7 @@ impl Connection {
                 .map_err(ConnectError::Io)
                 .and_then(|stream| {
                     if let Some(s) = &stream.socket {
-                        s.set_read_timeout(Some(REDIAL_HANDSHAKE_LIMIT))?;
+                        s.set_read_timeout(Some(REDIAL_HANDSHAKE_LIMIT.min(redial.timeout)))?;
                     }
                     let socket = stream.socket.clone();
                     let session = handshake(stream, &self.params)?;
@@ -568,6 +625,7 @@ impl Connection {
                 };
                 *self.closer.lock().unwrap() = session.closer;
             }
+            self.heard();
             if self.start_reader(session.reader, generation).is_err() {
                 self.lost(generation, false, "cannot start a reader thread");
                 continue;
@@ -691,6 +749,7 @@ impl Connection {
             caller,
             req: req.clone(),
             waiting_since: None,
+            created: Instant::now(),
             restoring,
             done: Mutex::new(done),
         };

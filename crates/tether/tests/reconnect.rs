@@ -181,6 +181,36 @@ fn calls_fail_with_eio_after_the_timeout_and_work_again_when_the_server_is_back(
 }
 
 #[test]
+fn a_server_that_stops_answering_gives_eio_after_the_timeout() {
+    require_mount!();
+    let tm = TestMount::start_with(&[], &["--timeout", "1.5"]);
+    fs::write(tm.export.join("f"), b"x").unwrap();
+    let pid = tm.server.child.id() as i32;
+    // SAFETY: signalling our own child; it is continued below, also if the test fails.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    struct Continue(i32);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let resume = Continue(pid);
+    let started = Instant::now();
+    // The connection stays open, but nothing answers: no endless hang.
+    let err = fs::metadata(tm.mnt.join("never-seen")).unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        waited >= Duration::from_millis(1400) && waited < Duration::from_secs(6),
+        "failed after {waited:?}, the timeout is 1.5 s"
+    );
+    drop(resume);
+    assert_eq!(fs::read(tm.mnt.join("f")).unwrap(), b"x");
+    wait_reconnected(&tm.mnt, 1);
+}
+
+#[test]
 fn reads_go_on_while_the_server_is_killed_and_restarted() {
     require_mount!();
     // Without pushes every open goes to the server: the reads really cross the restarts.
