@@ -127,8 +127,13 @@ impl Coherence {
         self.last_push.load(Ordering::Acquire)
     }
 
-    /// True when nothing about `node` was invalidated after a request sent at `sent`.
+    /// True when nothing about `node` was invalidated after a request sent at `sent`, and
+    /// no replay of host events is changing names in it (host_events.rs: a reply about an
+    /// entry of such a directory is not cached, whenever it was sent).
     pub fn fresh(&self, node: NodeId, sent: u64) -> bool {
+        if self.replayer.get().is_some_and(|r| r.holds(node)) {
+            return false;
+        }
         self.invalidated
             .get(&node)
             .map(|s| *s <= sent)

@@ -246,19 +246,7 @@ impl TetherFs {
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
     fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
         if let Some(r) = self.replaying(req) {
-            if msg.op().mutates() {
-                // The replay of a creation: answer with what the host created.
-                match created_name(&msg) {
-                    Some(name) => self.replay_entry(req, parent, name, reply),
-                    None => reply.error(Errno::EPERM),
-                }
-                return;
-            }
-            if let Request::Lookup { name, .. } = &msg {
-                if let Some(l) = r.lookup(parent, name) {
-                    return self.replay_lookup(req, r, l, reply);
-                }
-            }
+            return self.replay_entry(req, r, parent, msg, reply);
         }
         let negative_ok = matches!(msg, Request::Lookup { .. });
         self.send_entry(req, parent, msg, reply, negative_ok);
@@ -300,9 +288,32 @@ impl TetherFs {
             });
     }
 
-    /// A replayed creation of `name` in `parent`: the entry the host already has.
-    fn replay_entry(&self, req: &FuseRequest, parent: NodeId, name: Bytes, reply: ReplyEntry) {
-        self.send_entry(req, parent, Request::Lookup { parent, name }, reply, false);
+    /// An entry request of the replaying thread (host_events.rs). Nothing it is given may
+    /// outlive the replay, so every answer has a TTL of 0 (and the replay invalidates the
+    /// names it touched afterwards): a lookup of an armed name finds the state before the
+    /// host's change, a creation the node the host created, any other lookup (a directory
+    /// on the way) the host's entry as it is now. Other entry operations change nothing.
+    fn replay_entry(
+        &self,
+        req: &FuseRequest,
+        r: &Arc<Replayer>,
+        parent: NodeId,
+        msg: Request,
+        reply: ReplyEntry,
+    ) {
+        match msg {
+            Request::Lookup { name, .. } => match r.lookup(parent, &name) {
+                Some(l) => self.replay_lookup(req, r, l, reply),
+                None => self.replay_host_entry(req, r, parent, name, None, reply),
+            },
+            // The replay of a creation: answer with what the host created.
+            msg => match created_name(&msg).map(|name| (r.lookup(parent, &name), name)) {
+                Some((Some(ReplayLookup::Created { node, file_type }), name)) => {
+                    self.replay_host_entry(req, r, parent, name, Some((node, file_type)), reply)
+                }
+                _ => reply.error(Errno::EPERM),
+            },
+        }
     }
 
     /// A lookup the replaying thread needs answered as the state before the host change.
@@ -313,39 +324,70 @@ impl TetherFs {
         l: ReplayLookup,
         reply: ReplyEntry,
     ) {
-        // Never cached: the answer is only for the replay.
-        let ghost = |r: &Replayer, reply: ReplyEntry, file_type| {
-            reply.entry(
-                &Duration::ZERO,
-                &file_attr(&r.ghost(file_type)),
-                Generation(0),
-            )
-        };
         match l {
-            ReplayLookup::Absent => reply.error(Errno::ENOENT),
-            ReplayLookup::Removed { file_type } => ghost(r, reply, file_type),
+            l if l.absent() => reply.error(Errno::ENOENT),
+            ReplayLookup::Removed { file_type } => replay_ghost(r, file_type, reply),
             ReplayLookup::Renamed {
                 dir,
                 name,
+                node,
                 file_type,
-            } => {
-                let (co, r, known) = (self.co.clone(), r.clone(), self.known.clone());
-                let msg = Request::Lookup {
-                    parent: dir,
-                    name: name.clone(),
-                };
-                self.conn
-                    .call(caller(req), &msg, move |res: ReplyResult| match res {
-                        Ok(Reply::Entry(e)) => {
-                            co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
-                            known.seen(dir, &name, e.node);
-                            let attr = file_attr(&e.attr);
-                            reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
-                        }
-                        _ => ghost(&r, reply, file_type),
-                    });
-            }
+            } => self.replay_host_entry(req, r, dir, name, Some((node, file_type)), reply),
+            _ => unreachable!("absent() covers the other lookups"),
         }
+    }
+
+    /// What the host has now under `name` in `dir`, for the replaying thread only (TTL 0).
+    /// With `want` = (node, file_type), only that node will do (any node if 0): anything
+    /// else, or nothing, is answered with a ghost of `file_type`, so that a replay never
+    /// gives the name another file, not even for the moment of the replay. Without `want`,
+    /// the host's entry as it is, or ENOENT (not cached either).
+    fn replay_host_entry(
+        &self,
+        req: &FuseRequest,
+        r: &Arc<Replayer>,
+        dir: NodeId,
+        name: Bytes,
+        want: Option<(NodeId, u32)>,
+        reply: ReplyEntry,
+    ) {
+        let (co, r, known, conn) = (
+            self.co.clone(),
+            r.clone(),
+            self.known.clone(),
+            self.conn.clone(),
+        );
+        let who = caller(req);
+        let msg = Request::Lookup {
+            parent: dir,
+            name: name.clone(),
+        };
+        self.conn
+            .call(who, &msg, move |res: ReplyResult| match (res, want) {
+                (Ok(Reply::Entry(e)), _)
+                    if want.is_none_or(|(node, _)| node == 0 || node == e.node) =>
+                {
+                    co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                    known.seen(dir, &name, e.node);
+                    let attr = file_attr(&e.attr);
+                    reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
+                }
+                (Ok(Reply::Entry(e)), Some((_, file_type))) => {
+                    // Another file has the name now: the server counted a lookup the kernel
+                    // never gets (sent from another thread: this is the reader's).
+                    conn.defer(
+                        who,
+                        Request::Forget {
+                            nodes: vec![(e.node, 1)],
+                        },
+                        None,
+                    );
+                    replay_ghost(&r, file_type, reply);
+                }
+                (Ok(_), None) => reply.error(Errno::EIO),
+                (_, Some((_, file_type))) => replay_ghost(&r, file_type, reply),
+                (Err(e), None) => reply.error(errno(e)),
+            });
     }
 
     /// unlink, rmdir, rename: done already on the host when replayed.
@@ -1156,6 +1198,16 @@ impl Filesystem for TetherFs {
         };
         self.written_call(req, msg, reply);
     }
+}
+
+/// A ghost of type `file_type` for the replaying thread: a node the server never knew,
+/// never cached.
+fn replay_ghost(r: &Replayer, file_type: u32, reply: ReplyEntry) {
+    reply.entry(
+        &Duration::ZERO,
+        &file_attr(&r.ghost(file_type)),
+        Generation(0),
+    );
 }
 
 /// The name an entry request gives its node in its parent.

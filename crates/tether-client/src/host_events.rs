@@ -14,6 +14,17 @@
 //! Replays happen only where someone in the guest watches (a scan of the inotify and
 //! fanotify marks in /proc/*/fdinfo on this mount's device), so nothing is done when nobody
 //! watches.
+//!
+//! Replays run late: after the host's later changes, and after the guest may have looked
+//! the names up again (their invalidations do not wait for ever) or changed them itself.
+//! A replay acts by name, so it must never act on what the guest has cached under the name
+//! (moving such a dentry to the new name bound that name to another file, for good). So
+//! the names a replay changes are invalidated before it, and their directories held (no
+//! reply about their entries is cached meanwhile), so that the kernel looks them up from
+//! the replaying thread and gets the state before the host's change; every answer to the
+//! replaying thread has a TTL of 0, never names another file than the event's (a ghost
+//! instead), and the names are invalidated again after the replay, so that nothing it
+//! left outlives it: the next lookup of those names asks the host.
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::{CStr, CString, OsStr};
@@ -22,7 +33,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -43,20 +54,36 @@ pub const MAX_BACKLOG_BYTES: usize = 64 << 20;
 const RETRIES: usize = 3;
 
 /// What a lookup by the replaying thread must find, so that its operation goes through.
+///
+/// Every answer is for the replay alone: given with a TTL of 0, so that the kernel asks
+/// again before anyone else uses it, and the names are invalidated again after the replay
+/// (see `Replayer::with_names`).
 #[derive(Debug, Clone)]
 pub enum ReplayLookup {
-    /// The name must look absent: it is being created (or is a rename's target).
+    /// The name must look absent: it is a rename's target.
     Absent,
+    /// The name must look absent, then be created as `node` (0: unknown) of type
+    /// `file_type`: the creation answers with that node if the host still has it under
+    /// the name, else with a ghost.
+    Created { node: NodeId, file_type: u32 },
     /// The name must look present, as a ghost of type `file_type`: it is being removed
     /// (the host already removed it).
     Removed { file_type: u32 },
-    /// The name must look present, as the node the host now has under (`dir`, `name`), or
-    /// a ghost of type `file_type` if there is none: it is a rename's source.
+    /// The name must look present, as `node` (0: unknown) if the host now has it under
+    /// (`dir`, `name`), else as a ghost of type `file_type`: it is a rename's source.
     Renamed {
         dir: NodeId,
         name: Bytes,
+        node: NodeId,
         file_type: u32,
     },
+}
+
+impl ReplayLookup {
+    /// The lookup finds nothing under the name.
+    pub fn absent(&self) -> bool {
+        matches!(self, ReplayLookup::Absent | ReplayLookup::Created { .. })
+    }
 }
 
 #[derive(Default)]
@@ -142,6 +169,8 @@ pub struct Replayer {
     /// Thread id of the replaying thread (0 until it starts).
     tid: AtomicI32,
     armed: Mutex<Armed>,
+    /// Some names are armed: their directories are held (see [`Replayer::holds`]).
+    holding: AtomicBool,
     next_ghost: AtomicU64,
     dev: OnceLock<Option<MountDev>>,
     pub counters: ReplayCounters,
@@ -153,6 +182,7 @@ impl Replayer {
             mountpoint: mountpoint.to_path_buf(),
             tid: AtomicI32::new(0),
             armed: Mutex::new(Armed::default()),
+            holding: AtomicBool::new(false),
             next_ghost: AtomicU64::new(GHOST_BASE),
             dev: OnceLock::new(),
             counters: ReplayCounters::default(),
@@ -180,6 +210,20 @@ impl Replayer {
             .iter()
             .find(|(p, n, _)| *p == parent && n.as_ref() == name)
             .map(|(_, _, l)| l.clone())
+    }
+
+    /// True while a replay changes names in directory `dir`: no reply about an entry of
+    /// `dir` may then be cached (Coherence::fresh), so that the replay's own lookups, not
+    /// an answer given to someone else meanwhile, decide what its operation acts on.
+    pub fn holds(&self, dir: NodeId) -> bool {
+        self.holding.load(Ordering::Acquire)
+            && self
+                .armed
+                .lock()
+                .unwrap()
+                .names
+                .iter()
+                .any(|(p, _, _)| *p == dir)
     }
 
     /// Attributes of a ghost: a fresh id, so the kernel never confuses it with a real node.
@@ -229,35 +273,30 @@ impl Replayer {
         // Reading every process's descriptors can take milliseconds (a process with 10,000
         // files open): keep scans to a tenth of the time in a long backlog.
         let slice = slice.max(start.elapsed() * 10);
-        // The mount root, opened for this slice only (an open file keeps a mount busy).
-        let root = match self.open_root(dev) {
-            Ok(root) => root,
-            Err(e) => {
+        while let Some(ev) = backlog.pop() {
+            if let Err(e) = self.replay_watched(&ev, &watches, dev, notifier) {
                 tracing::debug!("cannot open the mount root to replay host events: {e}");
                 *backlog = Backlog::default();
                 return;
             }
-        };
-        while let Some(ev) = backlog.pop() {
-            self.replay_watched(&ev, &watches, &root, dev, notifier);
             if start.elapsed() >= slice {
                 break;
             }
         }
-        self.armed.lock().unwrap().names.clear();
     }
 
+    /// Replays `ev` if the guest watches it; an error only if the mount root cannot be
+    /// opened.
     fn replay_watched(
         &self,
         ev: &HostEvent,
         watches: &GuestWatches,
-        root: &OwnedFd,
         dev: MountDev,
         notifier: &Notifier,
-    ) {
+    ) -> io::Result<()> {
         let from_dir = match &ev.kind {
             EventKind::Moved { from_dir, .. } => Some(*from_dir),
-            EventKind::Changed(0) => return, // nothing to raise
+            EventKind::Changed(0) => return Ok(()), // nothing to raise
             _ => None,
         };
         let watched = watches.covers(ev.dir)
@@ -265,34 +304,29 @@ impl Replayer {
             || from_dir.is_some_and(|d| watches.covers(d));
         if !watched {
             self.counters.unwatched.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Ok(());
         }
+        // The mount root, opened for this event only: an open file keeps the mount busy,
+        // and an unmount should not fail because replays are under way.
+        let root = self.open_root(dev)?;
         for attempt in 0..=RETRIES {
-            match self.replay_one(ev, root, dev) {
+            match self.replay_one(ev, &root, dev, notifier) {
                 Ok(()) => {
                     self.counters.replayed.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Ok(());
                 }
-                // The guest's dentry disagrees with the event (a guest lookup got the new
-                // state first): drop the name(s) and try again.
+                // A change of names raced with a guest operation on the same name between
+                // the invalidation of the names (at every attempt) and the replay: again.
+                // (A change of content that finds the name missing or showing another
+                // file is late: the host has renamed the file since, and every name the
+                // replays before it touched has been looked up again.)
                 Err(e)
                     if attempt < RETRIES
+                        && !matches!(ev.kind, EventKind::Changed(_))
                         && matches!(
                             e.raw_os_error(),
                             Some(libc::EEXIST | libc::ENOENT | libc::ENOTEMPTY)
-                        ) =>
-                {
-                    let _ = notifier.inval_entry(INodeNo(ev.dir), OsStr::from_bytes(&ev.name));
-                    if let EventKind::Moved {
-                        from_dir,
-                        from_name,
-                        ..
-                    } = &ev.kind
-                    {
-                        let _ =
-                            notifier.inval_entry(INodeNo(*from_dir), OsStr::from_bytes(from_name));
-                    }
-                }
+                        ) => {}
                 Err(e) => {
                     tracing::debug!(?ev, "replaying a host change failed: {e}");
                     break;
@@ -300,10 +334,54 @@ impl Replayer {
             }
         }
         self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn arm(&self, names: Vec<(NodeId, Bytes, ReplayLookup)>) {
-        self.armed.lock().unwrap().names = names;
+    /// Runs `op`, one replayed change of names, with `names` armed: the replaying thread's
+    /// lookups of them find the state before the host's change ([`ReplayLookup`]), each
+    /// answer with a TTL of 0.
+    ///
+    /// A replay runs late (after the host's later changes, after the guest may have looked
+    /// the names up again or changed them itself) and acts by name on whatever the kernel
+    /// has cached under them. So the names are invalidated before `op`, and their
+    /// directories held until after it (no reply about their entries is cached meanwhile):
+    /// `op` can act only on the replay's own answers, never on a dentry that is the guest's
+    /// view of a newer state (moving that one to the new name bound the name to another
+    /// file). And the names are invalidated again after `op`, so that nothing it left (the
+    /// dentry it moved, the ghost it removed) outlives the replay: the next lookup of
+    /// either name asks the host.
+    ///
+    /// With `keep_cached`, the names are not invalidated before `op`: for a removal whose
+    /// name the kernel caches as the very file the host removed ([`removed_for_good`]).
+    fn with_names(
+        &self,
+        names: Vec<(NodeId, Bytes, ReplayLookup)>,
+        keep_cached: bool,
+        notifier: &Notifier,
+        op: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        let touched: Vec<(NodeId, Bytes)> = names.iter().map(|(d, n, _)| (*d, n.clone())).collect();
+        {
+            let mut armed = self.armed.lock().unwrap();
+            armed.names = names;
+            self.holding.store(true, Ordering::Release);
+        }
+        // Never while holding `armed`: the kernel may have to wait for a lookup reply,
+        // whose TTL the RPC reader thread decides with `holds`.
+        let invalidate = || {
+            for (dir, name) in &touched {
+                let _ = notifier.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
+            }
+        };
+        if !keep_cached {
+            invalidate();
+        }
+        let result = op();
+        invalidate();
+        let mut armed = self.armed.lock().unwrap();
+        armed.names.clear();
+        self.holding.store(false, Ordering::Release);
+        result
     }
 
     fn open_root(&self, dev: MountDev) -> io::Result<OwnedFd> {
@@ -347,36 +425,60 @@ impl Replayer {
         Ok(fd)
     }
 
-    fn replay_one(&self, ev: &HostEvent, root: &OwnedFd, dev: MountDev) -> io::Result<()> {
+    fn replay_one(
+        &self,
+        ev: &HostEvent,
+        root: &OwnedFd,
+        dev: MountDev,
+        notifier: &Notifier,
+    ) -> io::Result<()> {
         let dir = self.open_dir(root, dev, &ev.dir_path, ev.dir)?;
         let name = component(&ev.name)?;
         let d = dir.as_raw_fd();
         match &ev.kind {
             EventKind::Created => {
-                self.arm(vec![(ev.dir, ev.name.clone(), ReplayLookup::Absent)]);
-                // SAFETY (all three): valid descriptor and C strings.
-                check(match ev.file_type {
-                    libc::S_IFDIR => unsafe { libc::mkdirat(d, name.as_ptr(), 0o755) },
-                    // The target is not used: the handler answers with the host's symlink.
-                    libc::S_IFLNK => unsafe { libc::symlinkat(c".".as_ptr(), d, name.as_ptr()) },
-                    t => unsafe { libc::mknodat(d, name.as_ptr(), t | 0o644, 0) },
-                })
+                let created = ReplayLookup::Created {
+                    node: ev.node,
+                    file_type: ev.file_type,
+                };
+                self.with_names(
+                    vec![(ev.dir, ev.name.clone(), created)],
+                    false,
+                    notifier,
+                    || {
+                        // SAFETY (all three): valid descriptor and C strings.
+                        check(match ev.file_type {
+                            libc::S_IFDIR => unsafe { libc::mkdirat(d, name.as_ptr(), 0o755) },
+                            // The target is not used: the handler answers with the host's symlink.
+                            libc::S_IFLNK => unsafe {
+                                libc::symlinkat(c".".as_ptr(), d, name.as_ptr())
+                            },
+                            t => unsafe { libc::mknodat(d, name.as_ptr(), t | 0o644, 0) },
+                        })
+                    },
+                )
             }
             EventKind::Deleted => {
-                self.arm(vec![(
-                    ev.dir,
-                    ev.name.clone(),
-                    ReplayLookup::Removed {
-                        file_type: ev.file_type,
-                    },
-                )]);
+                let removed = ReplayLookup::Removed {
+                    file_type: ev.file_type,
+                };
                 let flags = if ev.file_type == libc::S_IFDIR {
                     libc::AT_REMOVEDIR
                 } else {
                     0
                 };
-                // SAFETY: valid descriptor and C string.
-                check(unsafe { libc::unlinkat(d, name.as_ptr(), flags) })
+                // Watchers of the removed file itself hear it go (IN_ATTRIB, IN_DELETE_SELF)
+                // only if the removal acts on that file, not on a ghost.
+                let keep = removed_for_good(d, &name);
+                self.with_names(
+                    vec![(ev.dir, ev.name.clone(), removed)],
+                    keep,
+                    notifier,
+                    || {
+                        // SAFETY: valid descriptor and C string.
+                        check(unsafe { libc::unlinkat(d, name.as_ptr(), flags) })
+                    },
+                )
             }
             EventKind::Moved {
                 from_dir,
@@ -385,27 +487,24 @@ impl Replayer {
             } => {
                 let from = self.open_dir(root, dev, from_path, *from_dir)?;
                 let from_c = component(from_name)?;
-                self.arm(vec![
-                    (
-                        *from_dir,
-                        from_name.clone(),
-                        ReplayLookup::Renamed {
-                            dir: ev.dir,
-                            name: ev.name.clone(),
-                            file_type: ev.file_type,
-                        },
-                    ),
+                let source = ReplayLookup::Renamed {
+                    dir: ev.dir,
+                    name: ev.name.clone(),
+                    node: ev.node,
+                    file_type: ev.file_type,
+                };
+                let names = vec![
+                    (*from_dir, from_name.clone(), source),
                     (ev.dir, ev.name.clone(), ReplayLookup::Absent),
-                ]);
-                // SAFETY: valid descriptors and C strings.
-                check(unsafe {
-                    libc::renameat(from.as_raw_fd(), from_c.as_ptr(), d, name.as_ptr())
+                ];
+                self.with_names(names, false, notifier, || {
+                    // SAFETY: valid descriptors and C strings.
+                    check(unsafe {
+                        libc::renameat(from.as_raw_fd(), from_c.as_ptr(), d, name.as_ptr())
+                    })
                 })
             }
-            EventKind::Changed(bits) => {
-                self.arm(Vec::new());
-                replay_change(d, &name, *bits)
-            }
+            EventKind::Changed(bits) => replay_change(d, &name, *bits, ev.node),
         }
     }
 
@@ -469,13 +568,36 @@ fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// Whether the kernel has `name` in `dir` as a file that the host has removed for good
+/// (its link count is 0, asked of the host): a replayed removal may then act on it, so
+/// that watchers of the file itself hear it go. Nothing cached (the lookup asks the host,
+/// which has no such name), a file the host still has under some name, an error: false,
+/// and the removal acts on a ghost.
+fn removed_for_good(dir: libc::c_int, name: &CStr) -> bool {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid descriptor, C string and writable buffer.
+    let rc = unsafe {
+        libc::statx(
+            dir,
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_NLINK,
+            stx.as_mut_ptr(),
+        )
+    };
+    // SAFETY: zero-initialised, and filled in by statx when it succeeded.
+    let stx = unsafe { stx.assume_init() };
+    rc == 0 && stx.stx_mask & libc::STATX_NLINK != 0 && stx.stx_nlink == 0
+}
+
 /// Raises IN_OPEN, IN_MODIFY, IN_ATTRIB and IN_CLOSE_WRITE (as `bits` say, in the order a
 /// local writer raises them) for `name` in directory `dir`, with operations that leave it
 /// as it is and never follow a symlink: open for writing; set the mtime to itself (setting
 /// the mtime alone is IN_MODIFY to inotify); set both times to themselves (IN_ATTRIB);
 /// close. Only the open takes write access, and it is skipped for executable files: even a
-/// moment of it would make a concurrent exec of the file fail with ETXTBSY.
-fn replay_change(dir: libc::c_int, name: &CStr, bits: u8) -> io::Result<()> {
+/// moment of it would make a concurrent exec of the file fail with ETXTBSY. Nothing is
+/// raised (ESTALE) if the name no longer shows the changed file `node` (0: unknown).
+fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: NodeId) -> io::Result<()> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid descriptor, C string and writable buffer.
     check(unsafe {
@@ -488,6 +610,9 @@ fn replay_change(dir: libc::c_int, name: &CStr, bits: u8) -> io::Result<()> {
     })?;
     // SAFETY: fstatat succeeded.
     let st = unsafe { st.assume_init() };
+    if node != 0 && st.st_ino != node {
+        return Err(io::Error::from_raw_os_error(libc::ESTALE));
+    }
     let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
     let executable = st.st_mode & 0o111 != 0;
     let writer = if bits & changed::CLOSE_WRITE != 0 && regular && !executable {
@@ -685,7 +810,7 @@ mod tests {
         // A content replay on a symlink changes the symlink's view only, never its target.
         let sub = r.open_dir(&root, dev, b"sub", sub_ino).unwrap();
         let before = meta(Path::new("/etc/passwd")).mtime_nsec();
-        replay_change(sub.as_raw_fd(), c"file-link", changed::ALL).unwrap();
+        replay_change(sub.as_raw_fd(), c"file-link", changed::ALL, 0).unwrap();
         assert_eq!(meta(Path::new("/etc/passwd")).mtime_nsec(), before);
     }
 

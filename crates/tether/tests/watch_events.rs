@@ -480,3 +480,263 @@ fn replays_do_not_make_exec_fail() {
     // The watcher still heard the changes (as IN_MODIFY).
     assert!(w.count(|l| is(l, "MODIFY", &script)) > 0);
 }
+
+/// An inotify watch on each of `paths`, held through the mount for as long as the value
+/// lives: a guest watcher without an external tool.
+struct RawWatch {
+    fd: std::os::fd::OwnedFd,
+    wds: Vec<i32>,
+    /// (watch index, mask) of every event read so far.
+    seen: Mutex<Vec<(usize, u32)>>,
+}
+
+impl RawWatch {
+    fn new(paths: &[&Path]) -> RawWatch {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: inotify_init1 has no memory-safety preconditions.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh descriptor, owned from here on.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mut wds = Vec::new();
+        for path in paths {
+            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid descriptor and C string.
+            let wd =
+                unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_ALL_EVENTS) };
+            assert!(
+                wd >= 0,
+                "inotify_add_watch: {}",
+                std::io::Error::last_os_error()
+            );
+            wds.push(wd);
+        }
+        RawWatch {
+            fd,
+            wds,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reads events until one has `mask` on the watch of `paths[watch]`, for at most
+    /// DEADLINE; returns every (watch index, mask) read so far.
+    fn wait_for(&self, watch: usize, mask: u32) -> Vec<(usize, u32)> {
+        use std::os::fd::AsRawFd;
+        let mut seen = self.seen.lock().unwrap();
+        let start = Instant::now();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            // SAFETY: reading into our own buffer from our own descriptor.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            let mut at = 0;
+            while n > 0 && at + 16 <= n as usize {
+                let wd = i32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
+                let m = u32::from_ne_bytes(buf[at + 4..at + 8].try_into().unwrap());
+                let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().unwrap());
+                let i = self.wds.iter().position(|w| *w == wd).unwrap_or(usize::MAX);
+                seen.push((i, m));
+                at += 16 + len as usize;
+            }
+            if seen.iter().any(|&(i, m)| i == watch && m & mask != 0) {
+                return seen.clone();
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no event {mask:#x} on watch {watch} within {DEADLINE:?}; read: {seen:x?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Waits until the host's creation of a directory in the mount root has gone through the
+/// replay thread (replayed, or not watched), which then applies its name invalidation:
+/// that invalidation drops whatever the guest caches below the directory, so only what
+/// the guest looks up after this stays cached until the host changes it.
+fn settled_creation(mnt: &Path) {
+    // Long: the replay thread's scan of every process may take seconds on a busy machine.
+    const DEADLINE: Duration = Duration::from_secs(30);
+    let start = Instant::now();
+    while {
+        let (replayed, unwatched, failed) = replay_counts(mnt);
+        replayed + unwatched + failed == 0
+    } {
+        assert!(start.elapsed() < DEADLINE, "{}", status(mnt));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The names are applied right after the replay thread's pass over its backlog.
+    let applied = || {
+        let s = status(mnt);
+        let n = s
+            .lines()
+            .find_map(|l| l.strip_prefix("invalidations applied: "));
+        n.unwrap_or_else(|| panic!("no invalidation count in: {s}"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    let mut last = applied();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = applied();
+        if now == last {
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "{}", status(mnt));
+        last = now;
+    }
+}
+
+/// Waits until the replay counters (replayed + failed) have not moved for 300 ms.
+fn replays_settled(mnt: &Path, within: Duration) -> (u64, u64) {
+    let start = Instant::now();
+    let mut last = (u64::MAX, u64::MAX);
+    let mut since = Instant::now();
+    loop {
+        let (replayed, _, failed) = replay_counts(mnt);
+        if (replayed, failed) != last {
+            last = (replayed, failed);
+            since = Instant::now();
+        } else if since.elapsed() > Duration::from_millis(300) {
+            return last;
+        }
+        assert!(
+            start.elapsed() < within,
+            "replays did not settle: {}",
+            status(mnt)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Replays run late: a burst of host changes keeps the replay thread busy while the
+/// guest, whose names were revoked meanwhile, already sees (and caches) the host's newer
+/// state. A late replay of `p -> r` then found the guest's current `p`, which is another
+/// file (`q`'s, moved there after), and moved that dentry to `r` with a long TTL: `r` showed
+/// and took writes for the wrong file (tether-fsx: "a guest write to f4 landed in f3").
+/// Replays must leave every name as the host has it.
+#[test]
+fn late_replays_never_bind_a_name_to_another_file() {
+    require_mount!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    fs::create_dir(h.join("w")).unwrap();
+    fs::write(h.join("w/p"), b"file P").unwrap();
+    fs::write(h.join("w/q"), b"file Q").unwrap();
+    fs::write(h.join("w/gone"), b"removed on the host").unwrap();
+    // Cached in the guest, and left alone until the host changes them.
+    settled_creation(g);
+    for name in ["p", "q", "gone"] {
+        assert!(fs::read(g.join("w").join(name)).is_ok());
+    }
+    // A burst of host changes that are cheap for the host and the server but slow to
+    // replay (each replay opens the directory one component at a time, 400 deep): it
+    // keeps the replay thread busy for a second or more. Its files are made before the
+    // guest first lists their directory, so that nothing about them is reported before.
+    const BURST: usize = 3000;
+    let deep = (0..400).fold(std::path::PathBuf::from("w"), |p, _| p.join("d"));
+    fs::create_dir_all(h.join(&deep)).unwrap();
+    for i in 0..BURST {
+        fs::File::create(h.join(&deep).join(format!("b{i}"))).unwrap();
+    }
+    assert_eq!(fs::read_dir(g.join(&deep)).unwrap().count(), BURST);
+    let _watch = RawWatch::new(&[&g.join("w"), &g.join(&deep)]);
+    let then = UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    for i in 0..BURST {
+        fs::File::open(h.join(&deep).join(format!("b{i}")))
+            .unwrap()
+            .set_times(fs::FileTimes::new().set_accessed(then).set_modified(then))
+            .unwrap();
+    }
+    // Then, on the host: p -> r, q -> p, and a file removed.
+    let ino = |p: &Path| fs::symlink_metadata(p).unwrap().ino();
+    fs::rename(h.join("w/p"), h.join("w/r")).unwrap();
+    fs::rename(h.join("w/q"), h.join("w/p")).unwrap();
+    fs::remove_file(h.join("w/gone")).unwrap();
+    let (ino_p, ino_r) = (ino(&h.join("w/p")), ino(&h.join("w/r")));
+    // The guest sees the new names once their invalidations are applied (at most 200 ms
+    // after the push, replays or not), and caches what it looks up after that.
+    let start = Instant::now();
+    while fs::symlink_metadata(g.join("w/p")).map(|m| m.ino()).ok() != Some(ino_p)
+        || fs::symlink_metadata(g.join("w/gone")).is_ok()
+    {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the guest never saw the renames"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seen_after = start.elapsed();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(fs::read(g.join("w/p")).unwrap(), b"file Q");
+    assert_eq!(fs::read(g.join("w/r")).unwrap(), b"file P");
+    assert!(fs::symlink_metadata(g.join("w/q")).is_err());
+    let (replayed, _, _) = replay_counts(g);
+    eprintln!(
+        "the guest saw the renames {seen_after:?} after the host made them; {replayed} of {} \
+         replayed when it looked the names up",
+        BURST + 3
+    );
+    assert!(
+        (replayed as usize) < BURST,
+        "the replays were done before the guest looked the new names up ({replayed} \
+         replayed): this test needs them late"
+    );
+    let (replayed, failed) = replays_settled(g, Duration::from_secs(60));
+    eprintln!("{replayed} replayed, {failed} failed");
+    // Every name as the host has it: the same file, the same content, no name the host
+    // removed, and a write through a name reaches that name's file on the host.
+    for name in ["p", "r"] {
+        let (gp, hp) = (g.join("w").join(name), h.join("w").join(name));
+        assert_eq!(ino(&gp), ino(&hp), "{name}: another file");
+        assert_eq!(fs::read(&gp).unwrap(), fs::read(&hp).unwrap(), "{name}");
+    }
+    assert_eq!((ino(&g.join("w/p")), ino(&g.join("w/r"))), (ino_p, ino_r));
+    for name in ["q", "gone"] {
+        let err = fs::symlink_metadata(g.join("w").join(name)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{name} came back");
+    }
+    fs::write(g.join("w/r"), b"written through r").unwrap();
+    assert_eq!(fs::read(h.join("w/r")).unwrap(), b"written through r");
+    assert_eq!(fs::read(h.join("w/p")).unwrap(), b"file Q");
+    let mut host: Vec<_> = fs::read_dir(h.join("w"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let mut guest: Vec<_> = fs::read_dir(g.join("w"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    host.sort();
+    guest.sort();
+    assert_eq!(guest, host);
+}
+
+/// A watch on a file the host removes hears it go (IN_DELETE_SELF), besides the watch on
+/// its directory (IN_DELETE): the replayed removal acts on that very file when the guest
+/// caches it and the host confirms it is gone, not on a stand-in.
+#[test]
+fn a_watch_on_a_file_the_host_removes_hears_it_go() {
+    require_mount!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    fs::create_dir(h.join("w")).unwrap();
+    fs::write(h.join("w/z"), b"soon gone").unwrap();
+    settled_creation(g);
+    assert_eq!(fs::read(g.join("w/z")).unwrap(), b"soon gone");
+    let watch = RawWatch::new(&[&g.join("w"), &g.join("w/z")]);
+    fs::remove_file(h.join("w/z")).unwrap();
+    watch.wait_for(0, libc::IN_DELETE);
+    let seen = watch.wait_for(1, libc::IN_DELETE_SELF);
+    assert!(
+        seen.iter()
+            .any(|&(i, m)| i == 1 && m & libc::IN_ATTRIB != 0),
+        "{seen:x?}"
+    );
+    let err = fs::symlink_metadata(g.join("w/z")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+}
