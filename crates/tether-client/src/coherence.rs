@@ -11,12 +11,12 @@
 //! it describes may have been computed before that change, so it is not cached (TTL 0).
 //! Requests sent after the push was received were answered after the server saw the change.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::{Duration, Instant};
@@ -31,13 +31,23 @@ use tether_proto::{
 
 use crate::host_events::{Backlog, Replayer};
 
-/// Host events to replay, and the name invalidations that must wait for them.
+/// Host events to replay: batch `batch` of the name invalidations that wait for them.
 struct Replay {
     events: Vec<HostEvent>,
+    batch: u64,
+}
+
+/// Name invalidations waiting for the replays of their batch of host events, until `due`.
+struct WaitingNames {
+    batch: u64,
+    due: Instant,
     names: Vec<Invalidation>,
 }
 
-/// Longest a name invalidation waits for the replays before it.
+/// Longest a name invalidation waits for the replays before it. The invalidation thread
+/// applies it then, whatever the replay thread is doing (a scan of guest watchers, a long
+/// backlog, a replay that blocks), so that the guest never shows a name the host changed
+/// for longer than this because of replays.
 const NAMES_WAIT_AT_MOST: Duration = Duration::from_millis(200);
 
 /// Longest stretch of host-event replays between two looks at new pushes.
@@ -71,6 +81,9 @@ pub struct Coherence {
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
     fuse_dev: OnceLock<OwnedFd>,
+    /// Name invalidations waiting for replays, oldest first: applied by the replay thread
+    /// once the replays before them are done, or by the invalidation thread when due.
+    waiting_names: Mutex<VecDeque<WaitingNames>>,
     /// "Invalidate everything" requests queued by reconnects, and applied.
     alls_queued: AtomicU64,
     alls_applied: AtomicU64,
@@ -108,6 +121,7 @@ impl Coherence {
             counters: Counters::default(),
             replayer: OnceLock::new(),
             fuse_dev: OnceLock::new(),
+            waiting_names: Mutex::new(VecDeque::new()),
             alls_queued: AtomicU64::new(0),
             alls_applied: AtomicU64::new(0),
         })
@@ -279,7 +293,22 @@ impl Coherence {
         notifier: Notifier,
         replays: Option<Sender<Replay>>,
     ) {
-        while let Ok(first) = rx.recv() {
+        let mut batch = 0;
+        loop {
+            // Wake up for the next push, or when the oldest waiting names are due.
+            let due = self.waiting_names.lock().unwrap().front().map(|w| w.due);
+            let first = match due {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
+            };
+            let first = match first {
+                Ok(first) => first,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
             // Coalesce a burst: everything queued so far, each invalidation once.
             let (mut items, mut events) = (first.items, first.events);
             for more in rx.try_iter() {
@@ -291,30 +320,48 @@ impl Coherence {
             match &replays {
                 Some(tx) if !events.is_empty() => {
                     // Content now, so that a watcher woken by an event reads the new data.
-                    // Names after the events are replayed, so that a replayed removal still
-                    // finds the name (and the directories above it) the host removed.
+                    // Names after the events are replayed (at most NAMES_WAIT_AT_MOST
+                    // later), so that a replayed removal still finds the directories above
+                    // it that the host removed.
                     let (names, others): (Vec<_>, Vec<_>) = items
                         .into_iter()
                         .partition(|i| matches!(i, Invalidation::Entry { .. }));
                     self.apply(others, &notifier);
-                    if let Err(std::sync::mpsc::SendError(Replay { names, .. })) =
-                        tx.send(Replay { events, names })
-                    {
-                        self.apply(names, &notifier);
+                    batch += 1;
+                    self.waiting_names.lock().unwrap().push_back(WaitingNames {
+                        batch,
+                        due: Instant::now() + NAMES_WAIT_AT_MOST,
+                        names,
+                    });
+                    if tx.send(Replay { events, batch }).is_err() {
+                        self.apply_waiting_names(|_| true, &notifier);
                     }
                 }
                 _ => self.apply(items, &notifier),
             }
+            self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
         }
     }
 
+    /// Applies the waiting name invalidations from the oldest on, as long as `ready`.
+    fn apply_waiting_names(&self, ready: impl Fn(&WaitingNames) -> bool, notifier: &Notifier) {
+        let mut names = Vec::new();
+        {
+            let mut waiting = self.waiting_names.lock().unwrap();
+            while waiting.front().is_some_and(&ready) {
+                names.extend(waiting.pop_front().unwrap().names);
+            }
+        }
+        self.apply(names, notifier);
+    }
+
     /// Replays host events a slice at a time, then applies the name invalidations that
-    /// waited for them. Runs on its own thread, so that content invalidations never wait
-    /// for a replay (or for the scan of guest watchers before it).
+    /// waited for them (unless the invalidation thread did, because they were due). Runs on
+    /// its own thread, so that content invalidations never wait for a replay (or for the
+    /// scan of guest watchers before it).
     fn replay_loop(&self, rx: Receiver<Replay>, notifier: Notifier, r: &Replayer) {
         let mut backlog = Backlog::default();
-        let mut deferred: Vec<Invalidation> = Vec::new();
-        let mut deferred_since = Instant::now();
+        let mut admitted = 0;
         loop {
             let mut work = Vec::new();
             if backlog.is_empty() {
@@ -326,17 +373,11 @@ impl Coherence {
             work.extend(rx.try_iter());
             for w in work {
                 r.admit(&mut backlog, w.events);
-                if deferred.is_empty() {
-                    deferred_since = Instant::now();
-                }
-                deferred.extend(w.names);
+                admitted = w.batch;
             }
             r.replay(&mut backlog, &notifier, REPLAY_SLICE);
-            // Names wait for their replays, but never long: a sustained burst would keep
-            // them stale. Past the limit a replayed removal in a directory the host already
-            // removed may fail; every other replay still finds its way.
-            if backlog.is_empty() || deferred_since.elapsed() >= NAMES_WAIT_AT_MOST {
-                self.apply(std::mem::take(&mut deferred), &notifier);
+            if backlog.is_empty() {
+                self.apply_waiting_names(|w| w.batch <= admitted, &notifier);
             }
         }
     }
