@@ -7,13 +7,17 @@
 //!
 //! Descriptors are bounded: each node holds an O_PATH descriptor while it can, and the
 //! oldest ones are closed when the export-wide budget is exceeded. A node without a
-//! descriptor is found again by (parent, name) and checked against its inode number.
+//! descriptor is found again by (parent, name) and checked against its inode number. Nodes
+//! that could not be found that way keep their descriptors, up to a quarter beyond the
+//! budget (a guest must not be able to exhaust the server's descriptors): a file with no name
+//! left (unlinked while the guest holds it open) and one whose last-seen name was removed
+//! through this server.
 //!
 //! An inode number can be reused once the file is gone and no descriptor holds it. A node is
 //! therefore also identified by its kind and birth time: a new file that got a held node's
 //! number gets a synthetic id of its own, and the old node answers ESTALE.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -51,6 +55,9 @@ pub struct Node {
     pub synced_ctime: Mutex<(i64, i64)>,
     /// A directory with an inotify watch: changes in it are pushed to the client.
     pub watched: AtomicBool,
+    /// The name the node was last seen under was removed through this server (unlink,
+    /// rmdir, a rename over it): it cannot be found again, so its descriptor is kept.
+    pinned: AtomicBool,
 }
 
 impl Node {
@@ -72,6 +79,24 @@ impl Node {
 
     fn has_fd(&self) -> bool {
         self.fd.read().unwrap().is_some()
+    }
+
+    /// Whether the node can be found again by name once its descriptor is closed: not when
+    /// the name it was last seen under was removed, nor when the file has no name left at
+    /// all (unlinked while the guest holds it, typically open). Closing such a descriptor
+    /// would turn every later request for the node, I/O on the open file included, into
+    /// ESTALE.
+    fn refindable(&self) -> bool {
+        if self.pinned.load(Ordering::SeqCst) {
+            return false;
+        }
+        let fd = self.fd.read().unwrap().clone();
+        match fd {
+            Some(fd) => sys::fstat(fd.as_fd())
+                .map(|st| st.st_nlink > 0)
+                .unwrap_or(true),
+            None => true,
+        }
     }
 }
 
@@ -112,14 +137,28 @@ impl FdBudget {
     fn opened(&self, node: &Arc<Node>) {
         self.open.fetch_add(1, Ordering::Relaxed);
         self.order.push(Arc::downgrade(node));
-        while self.open.load(Ordering::Relaxed) > self.cap {
+        // One pass over the queue at most: the root and nodes that could not be found again
+        // keep their descriptors (they go to the back of the queue), the latter up to the
+        // hard cap.
+        let hard_cap = self.cap + self.cap / 4;
+        let queued = self.order.len();
+        let mut looked = 0;
+        while self.open.load(Ordering::Relaxed) > self.cap && looked < queued {
+            looked += 1;
             let Some(old) = self.order.pop() else { break };
             let Some(old) = old.upgrade() else { continue };
-            if old.id == ROOT_NODE {
+            let strict = self.open.load(Ordering::Relaxed) > hard_cap;
+            if old.id == ROOT_NODE || (!strict && !old.refindable()) {
                 self.order.push(Arc::downgrade(&old));
                 continue;
             }
             let mut slot = old.fd.write().unwrap();
+            // Checked again under the lock: see `NodeTable::name_removed`.
+            if !strict && old.pinned.load(Ordering::SeqCst) {
+                drop(slot);
+                self.order.push(Arc::downgrade(&old));
+                continue;
+            }
             if slot.take().is_some() {
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 self.evicted.fetch_add(1, Ordering::Relaxed);
@@ -178,6 +217,7 @@ impl NodeTable {
             budget: budget.clone(),
             synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
             watched: AtomicBool::new(false),
+            pinned: AtomicBool::new(false),
         });
         budget.opened(&root);
         table.nodes.insert(ROOT_NODE, root);
@@ -256,6 +296,7 @@ impl NodeTable {
                     budget: self.budget.clone(),
                     synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
                     watched: AtomicBool::new(false),
+                    pinned: AtomicBool::new(false),
                 })
             });
             let node = slot.value_mut();
@@ -264,6 +305,8 @@ impl NodeTable {
         };
         if id != ROOT_NODE {
             *node.location.lock().unwrap() = Some(location);
+            // Found by a name again.
+            node.pinned.store(false, Ordering::SeqCst);
         }
         let installed = {
             let mut guard = node.fd.write().unwrap();
@@ -329,6 +372,22 @@ impl NodeTable {
     pub fn moved(&self, id: NodeId, parent: NodeId, name: CString) {
         if let Some(node) = self.nodes.get(&id) {
             *node.location.lock().unwrap() = Some(Location { parent, name });
+            node.pinned.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Called before the name `name` in `parent` is removed through this server (unlink,
+    /// rmdir, a rename over it). If that name is where `node` would be found again, the
+    /// node keeps its descriptor from now on (reopened first if it was evicted): the guest
+    /// may go on using it, as an open file whose name is gone. Pinning comes first and
+    /// eviction checks the pin under the descriptor's lock, so either the eviction sees the
+    /// pin or the reopen sees the eviction.
+    pub fn name_removed(&self, node: &Arc<Node>, parent: NodeId, name: &CStr) {
+        let here = matches!(&*node.location.lock().unwrap(),
+            Some(l) if l.parent == parent && l.name.as_c_str() == name);
+        if here {
+            node.pinned.store(true, Ordering::SeqCst);
+            let _ = self.fd(node);
         }
     }
 

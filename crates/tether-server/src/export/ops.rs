@@ -282,6 +282,18 @@ impl ExportFs {
         }
     }
 
+    /// Before `name` is removed from `dir` (node `parent`): the node the client holds for
+    /// it, if any, keeps its descriptor, since it may not be found by name again (the
+    /// guest may hold the file open and go on using it; see `NodeTable::name_removed`).
+    fn keep_if_held(&self, parent: NodeId, dir: BorrowedFd<'_>, name: &std::ffi::CStr) {
+        if let Some(node) = sys::fstatat_nofollow(dir, name)
+            .ok()
+            .and_then(|st| self.nodes.find(st.st_dev, st.st_ino))
+        {
+            self.nodes.name_removed(&node, parent, name);
+        }
+    }
+
     /// Runs a change of names in directories, telling the watcher to expect its echoes.
     fn own_names<T>(
         &self,
@@ -516,6 +528,7 @@ impl ExportFs {
             Unlink { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
+                self.keep_if_held(parent, pfd.as_fd(), &name);
                 // Another link of the file may remain: its link count and ctime change too.
                 self.own_change_of_name(pfd.as_fd(), &name, || {
                     self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
@@ -527,6 +540,7 @@ impl ExportFs {
             Rmdir { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
+                self.keep_if_held(parent, pfd.as_fd(), &name);
                 self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
                     sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
                 })
@@ -919,6 +933,10 @@ impl ExportFs {
         if flags & libc::RENAME_EXCHANGE != 0 {
             expect.push((new_parent, new_name.as_bytes(), NameChange::MovedFrom));
             expect.push((parent, name.as_bytes(), NameChange::MovedTo));
+        }
+        if flags & libc::RENAME_EXCHANGE == 0 {
+            // A file the rename replaces loses its name.
+            self.keep_if_held(new_parent, npfd.as_fd(), &new_name);
         }
         // A rename changes the moved file's ctime: this session's change, not the host's.
         self.own_change_of_name(pfd.as_fd(), &name, || {
