@@ -5,7 +5,9 @@
 # or the mount hangs, the server or client dies, or either logs a panic; prints the tails of
 # their logs (and, for a hang, the stacks of blocked tasks and of both processes) and keeps
 # the log directory. Everything it started is stopped by PID and unmounted whatever happens
-# (also on Ctrl-C); a hung mount is aborted through /sys/fs/fuse/connections first.
+# (also on Ctrl-C); a hung mount's FUSE connection is aborted first (through fusectl, or by
+# killing the client). stress-ng runs in a private mount namespace without the machine's
+# other FUSE mounts, since some stressors (fanotify) reach every mount they can see.
 #
 #   bench/stress.sh [options] [STRESSOR...]
 #
