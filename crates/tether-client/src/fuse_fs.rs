@@ -288,11 +288,14 @@ impl TetherFs {
             });
     }
 
-    /// An entry request of the replaying thread (host_events.rs). Nothing it is given may
-    /// outlive the replay, so every answer has a TTL of 0 (and the replay invalidates the
-    /// names it touched afterwards): a lookup of an armed name finds the state before the
-    /// host's change, a creation the node the host created, any other lookup (a directory
-    /// on the way) the host's entry as it is now. Other entry operations change nothing.
+    /// An entry request of the replaying thread (host_events.rs). What it is given about
+    /// the names it changes may not outlive the replay, so those answers have a TTL of 0
+    /// (and the replay invalidates the names afterwards): a lookup of an armed name finds
+    /// the state before the host's change, a creation the node the host created. Any other
+    /// lookup (a directory on the way, the file of a content replay) is an ordinary one:
+    /// the host's entry as it is now, cached as for anyone (a TTL of 0 there made every
+    /// later replay ask again for each directory on its path). Other entry operations
+    /// change nothing.
     fn replay_entry(
         &self,
         req: &FuseRequest,
@@ -304,12 +307,15 @@ impl TetherFs {
         match msg {
             Request::Lookup { name, .. } => match r.lookup(parent, &name) {
                 Some(l) => self.replay_lookup(req, r, l, reply),
-                None => self.replay_host_entry(req, r, parent, name, None, reply),
+                None => {
+                    let msg = Request::Lookup { parent, name };
+                    self.send_entry(req, parent, msg, reply, true)
+                }
             },
             // The replay of a creation: answer with what the host created.
             msg => match created_name(&msg).map(|name| (r.lookup(parent, &name), name)) {
                 Some((Some(ReplayLookup::Created { node, file_type }), name)) => {
-                    self.replay_host_entry(req, r, parent, name, Some((node, file_type)), reply)
+                    self.replay_host_entry(req, r, parent, name, (node, file_type), reply)
                 }
                 _ => reply.error(Errno::EPERM),
             },
@@ -332,23 +338,23 @@ impl TetherFs {
                 name,
                 node,
                 file_type,
-            } => self.replay_host_entry(req, r, dir, name, Some((node, file_type)), reply),
+            } => self.replay_host_entry(req, r, dir, name, (node, file_type), reply),
             _ => unreachable!("absent() covers the other lookups"),
         }
     }
 
-    /// What the host has now under `name` in `dir`, for the replaying thread only (TTL 0).
-    /// With `want` = (node, file_type), only that node will do (any node if 0): anything
-    /// else, or nothing, is answered with a ghost of `file_type`, so that a replay never
-    /// gives the name another file, not even for the moment of the replay. Without `want`,
-    /// the host's entry as it is, or ENOENT (not cached either).
+    /// What the host has now under `name` in `dir`, for the replaying thread only (TTL 0),
+    /// if it is `node`: anything else, or nothing, or an unknown node (0: the name was gone
+    /// already when the server read the event), is answered with a ghost of `file_type`,
+    /// so that a replay never gives the name another file, not even for the moment of the
+    /// replay.
     fn replay_host_entry(
         &self,
         req: &FuseRequest,
         r: &Arc<Replayer>,
         dir: NodeId,
         name: Bytes,
-        want: Option<(NodeId, u32)>,
+        (node, file_type): (NodeId, u32),
         reply: ReplyEntry,
     ) {
         let (co, r, known, conn) = (
@@ -357,22 +363,23 @@ impl TetherFs {
             self.known.clone(),
             self.conn.clone(),
         );
+        if node == 0 {
+            return replay_ghost(&r, file_type, reply);
+        }
         let who = caller(req);
         let msg = Request::Lookup {
             parent: dir,
             name: name.clone(),
         };
         self.conn
-            .call(who, &msg, move |res: ReplyResult| match (res, want) {
-                (Ok(Reply::Entry(e)), _)
-                    if want.is_none_or(|(node, _)| node == 0 || node == e.node) =>
-                {
+            .call(who, &msg, move |res: ReplyResult| match res {
+                Ok(Reply::Entry(e)) if e.node == node => {
                     co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
                     known.seen(dir, &name, e.node);
                     let attr = file_attr(&e.attr);
                     reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
                 }
-                (Ok(Reply::Entry(e)), Some((_, file_type))) => {
+                Ok(Reply::Entry(e)) => {
                     // Another file has the name now: the server counted a lookup the kernel
                     // never gets (sent from another thread: this is the reader's).
                     conn.defer(
@@ -384,9 +391,7 @@ impl TetherFs {
                     );
                     replay_ghost(&r, file_type, reply);
                 }
-                (Ok(_), None) => reply.error(Errno::EIO),
-                (_, Some((_, file_type))) => replay_ghost(&r, file_type, reply),
-                (Err(e), None) => reply.error(errno(e)),
+                _ => replay_ghost(&r, file_type, reply),
             });
     }
 

@@ -21,10 +21,10 @@
 //! (moving such a dentry to the new name bound that name to another file, for good). So
 //! the names a replay changes are invalidated before it, and their directories held (no
 //! reply about their entries is cached meanwhile), so that the kernel looks them up from
-//! the replaying thread and gets the state before the host's change; every answer to the
-//! replaying thread has a TTL of 0, never names another file than the event's (a ghost
-//! instead), and the names are invalidated again after the replay, so that nothing it
-//! left outlives it: the next lookup of those names asks the host.
+//! the replaying thread and gets the state before the host's change; every answer about
+//! them has a TTL of 0 and never names another file than the event's (a ghost instead),
+//! and the names are invalidated again after the replay, so that nothing it left outlives
+//! it: the next lookup of those names asks the host.
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::{CStr, CString, OsStr};
@@ -62,15 +62,16 @@ const RETRIES: usize = 3;
 pub enum ReplayLookup {
     /// The name must look absent: it is a rename's target.
     Absent,
-    /// The name must look absent, then be created as `node` (0: unknown) of type
-    /// `file_type`: the creation answers with that node if the host still has it under
-    /// the name, else with a ghost.
+    /// The name must look absent, then be created as `node` of type `file_type`: the
+    /// creation answers with that node if the host still has it under the name, else
+    /// (or if `node` is 0, unknown) with a ghost.
     Created { node: NodeId, file_type: u32 },
     /// The name must look present, as a ghost of type `file_type`: it is being removed
     /// (the host already removed it).
     Removed { file_type: u32 },
-    /// The name must look present, as `node` (0: unknown) if the host now has it under
-    /// (`dir`, `name`), else as a ghost of type `file_type`: it is a rename's source.
+    /// The name must look present, as `node` if the host now has it under (`dir`,
+    /// `name`), else (or if `node` is 0, unknown) as a ghost of type `file_type`: it is a
+    /// rename's source.
     Renamed {
         dir: NodeId,
         name: Bytes,
