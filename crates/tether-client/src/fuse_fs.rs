@@ -397,10 +397,9 @@ impl TetherFs {
 
     /// unlink, rmdir, rename: done already on the host when replayed.
     fn name_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
-        if self.replaying(req).is_some() {
-            reply.ok();
-        } else {
-            self.empty_call(req, msg, reply);
+        match self.replaying(req) {
+            Some(r) => replay_name_change(r, reply),
+            None => self.empty_call(req, msg, reply),
         }
     }
 
@@ -698,8 +697,8 @@ impl Filesystem for TetherFs {
             new_name: to.clone(),
             flags: flags.bits(),
         };
-        if self.replaying(req).is_some() {
-            return reply.ok();
+        if let Some(r) = self.replaying(req) {
+            return replay_name_change(r, reply);
         }
         let known = self.known.clone();
         let exchange = flags.bits() & libc::RENAME_EXCHANGE != 0;
@@ -1202,6 +1201,19 @@ impl Filesystem for TetherFs {
             flags: flags.bits() as u32,
         };
         self.written_call(req, msg, reply);
+    }
+}
+
+/// A replayed unlink, rmdir or rename: done already on the host. The first attempt of a
+/// replay that asks for it is answered ESTALE, so that the kernel tries once more with
+/// LOOKUP_REVAL: that looks up again, under the directory locks, every name the operation
+/// acts on, so the replay's own answers decide it even if a guest operation put another
+/// dentry under the name since the replay invalidated it (Replayer::revalidate_first).
+fn replay_name_change(r: &Replayer, reply: ReplyEmpty) {
+    if r.revalidate_first() {
+        reply.error(Errno::ESTALE);
+    } else {
+        reply.ok();
     }
 }
 

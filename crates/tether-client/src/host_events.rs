@@ -90,6 +90,24 @@ impl ReplayLookup {
 #[derive(Default)]
 struct Armed {
     names: Vec<(NodeId, Bytes, ReplayLookup)>,
+    /// The replayed unlink, rmdir or rename is to be answered ESTALE once (see
+    /// [`Replayer::revalidate_first`]).
+    revalidate: bool,
+}
+
+/// What a replayed change of names does with what the kernel caches under its names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cached {
+    /// Dropped before the operation, and looked up again by the operation itself under
+    /// the directory locks (the first attempt is answered ESTALE: the kernel then tries
+    /// again with LOOKUP_REVAL): a removal or a rename, which would otherwise act on a
+    /// dentry a guest operation put under the name in between.
+    Revalidated,
+    /// Dropped before the operation: a creation (the kernel revalidates the name it
+    /// creates anyway).
+    Dropped,
+    /// Kept: the removal of the very file the host removed ([`removed_for_good`]).
+    Kept,
 }
 
 #[derive(Default)]
@@ -211,6 +229,13 @@ impl Replayer {
             .iter()
             .find(|(p, n, _)| *p == parent && n.as_ref() == name)
             .map(|(_, _, l)| l.clone())
+    }
+
+    /// For the replayed unlink, rmdir or rename: true the first time within a replay that
+    /// asks for it (the handler answers ESTALE, and the kernel tries once more with
+    /// LOOKUP_REVAL, looking every name up again under the directory locks); false after.
+    pub fn revalidate_first(&self) -> bool {
+        std::mem::take(&mut self.armed.lock().unwrap().revalidate)
     }
 
     /// True while a replay changes names in directory `dir`: no reply about an entry of
@@ -352,12 +377,13 @@ impl Replayer {
     /// dentry it moved, the ghost it removed) outlives the replay: the next lookup of
     /// either name asks the host.
     ///
-    /// With `keep_cached`, the names are not invalidated before `op`: for a removal whose
-    /// name the kernel caches as the very file the host removed ([`removed_for_good`]).
+    /// The invalidation before `op` still leaves a moment in which a guest operation (a
+    /// rename onto the name) can put a dentry of its own there, so a removal or rename
+    /// also has the kernel look its names up again within the operation ([`Cached`]).
     fn with_names(
         &self,
         names: Vec<(NodeId, Bytes, ReplayLookup)>,
-        keep_cached: bool,
+        cached: Cached,
         notifier: &Notifier,
         op: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
@@ -365,6 +391,7 @@ impl Replayer {
         {
             let mut armed = self.armed.lock().unwrap();
             armed.names = names;
+            armed.revalidate = cached == Cached::Revalidated;
             self.holding.store(true, Ordering::Release);
         }
         // Never while holding `armed`: the kernel may have to wait for a lookup reply,
@@ -374,13 +401,14 @@ impl Replayer {
                 let _ = notifier.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
             }
         };
-        if !keep_cached {
+        if cached != Cached::Kept {
             invalidate();
         }
         let result = op();
         invalidate();
         let mut armed = self.armed.lock().unwrap();
         armed.names.clear();
+        armed.revalidate = false;
         self.holding.store(false, Ordering::Release);
         result
     }
@@ -444,7 +472,7 @@ impl Replayer {
                 };
                 self.with_names(
                     vec![(ev.dir, ev.name.clone(), created)],
-                    false,
+                    Cached::Dropped,
                     notifier,
                     || {
                         // SAFETY (all three): valid descriptor and C strings.
@@ -470,10 +498,14 @@ impl Replayer {
                 };
                 // Watchers of the removed file itself hear it go (IN_ATTRIB, IN_DELETE_SELF)
                 // only if the removal acts on that file, not on a ghost.
-                let keep = removed_for_good(d, &name);
+                let cached = if removed_for_good(d, &name) {
+                    Cached::Kept
+                } else {
+                    Cached::Revalidated
+                };
                 self.with_names(
                     vec![(ev.dir, ev.name.clone(), removed)],
-                    keep,
+                    cached,
                     notifier,
                     || {
                         // SAFETY: valid descriptor and C string.
@@ -498,7 +530,7 @@ impl Replayer {
                     (*from_dir, from_name.clone(), source),
                     (ev.dir, ev.name.clone(), ReplayLookup::Absent),
                 ];
-                self.with_names(names, false, notifier, || {
+                self.with_names(names, Cached::Revalidated, notifier, || {
                     // SAFETY: valid descriptors and C strings.
                     check(unsafe {
                         libc::renameat(from.as_raw_fd(), from_c.as_ptr(), d, name.as_ptr())
