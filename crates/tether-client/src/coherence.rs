@@ -30,6 +30,7 @@ use tether_proto::{
 };
 
 use crate::host_events::{Backlog, Replayer};
+use crate::writeback::AttrFixer;
 
 /// Host events to replay: batch `batch` of the name invalidations that wait for them.
 struct Replay {
@@ -80,6 +81,8 @@ pub struct Coherence {
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
+    /// Set when the kernel caches writes (writeback.rs).
+    fixer: OnceLock<Arc<AttrFixer>>,
     fuse_dev: OnceLock<OwnedFd>,
     /// Name invalidations waiting for replays, oldest first: applied by the replay thread
     /// once the replays before them are done, or by the invalidation thread when due.
@@ -120,6 +123,7 @@ impl Coherence {
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
             replayer: OnceLock::new(),
+            fixer: OnceLock::new(),
             fuse_dev: OnceLock::new(),
             waiting_names: Mutex::new(VecDeque::new()),
             alls_queued: AtomicU64::new(0),
@@ -180,6 +184,32 @@ impl Coherence {
                      the mount's --attr-timeout instead (see `tether status`)"
                 );
             }
+        }
+    }
+
+    /// The kernel was given `e` (lookup, creation, readdirplus).
+    pub fn entry_given(&self, e: &tether_proto::Entry) {
+        self.set_watched(e.node, e.flags & tether_proto::entry_flags::WATCHED != 0);
+        if let Some(f) = self.fixer.get() {
+            f.entry_given(e.node, e.generation, e.attr.mode);
+        }
+    }
+
+    /// The kernel caches writes: host changes to regular files go through `fixer` too.
+    pub fn set_fixer(&self, fixer: Arc<AttrFixer>) {
+        fixer.start();
+        let _ = self.fixer.set(fixer);
+    }
+
+    pub fn fixer(&self) -> Option<&Arc<AttrFixer>> {
+        self.fixer.get()
+    }
+
+    /// The kernel holds no lookup of `node` any more (counted by `Known`, so that a FORGET
+    /// racing a new LOOKUP of the same node does not count).
+    pub fn forget_file(&self, node: NodeId) {
+        if let Some(f) = self.fixer.get() {
+            f.forget(node);
         }
     }
 
@@ -362,6 +392,7 @@ impl Coherence {
     fn replay_loop(&self, rx: Receiver<Replay>, notifier: Notifier, r: &Replayer) {
         let mut backlog = Backlog::default();
         let mut admitted = 0;
+        let mut changed = HashSet::new();
         loop {
             let mut work = Vec::new();
             if backlog.is_empty() {
@@ -372,11 +403,19 @@ impl Coherence {
             }
             work.extend(rx.try_iter());
             for w in work {
+                if self.fixer.get().is_some() {
+                    changed.extend(w.events.iter().map(|e| e.node));
+                }
                 r.admit(&mut backlog, w.events);
                 admitted = w.batch;
             }
             r.replay(&mut backlog, &notifier, REPLAY_SLICE);
             if backlog.is_empty() {
+                // A replay sets a file's times to what the kernel showed when it ran, which
+                // may predate a fix made meanwhile by the invalidation thread: fix again.
+                if let Some(f) = self.fixer.get() {
+                    changed.drain().for_each(|n| f.fix_later(n));
+                }
                 self.apply_waiting_names(|w| w.batch <= admitted, &notifier);
             }
         }
@@ -389,6 +428,9 @@ impl Coherence {
             match item {
                 Invalidation::Inode(n) => {
                     let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                    if let Some(f) = self.fixer.get() {
+                        f.fix_later(n);
+                    }
                 }
                 Invalidation::Entry { parent, name } => {
                     let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
@@ -404,6 +446,9 @@ impl Coherence {
                         .collect();
                     for n in nodes {
                         let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                        if let Some(f) = self.fixer.get() {
+                            f.fix_later(n);
+                        }
                     }
                     if !bumped {
                         let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");

@@ -17,14 +17,15 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request as FuseRequest, TimeOrNow, WriteFlags,
 };
 use tether_proto::{
-    entry_flags, setattr_valid, Attr, Caller, Entry, NodeId, Reply, Request, SetAttr, SetTime,
-    Timespec, WireErrno,
+    setattr_valid, Attr, Caller, Entry, NodeId, Reply, Request, SetAttr, SetTime, Timespec,
+    WireErrno,
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
+use crate::writeback::AttrFixer;
 
 /// How long the kernel may trust what it caches. Until the server pushes invalidations
 /// (the coherence work), these must be short for the guest to see host changes.
@@ -32,6 +33,9 @@ use crate::rpc::{Connection, ReplyResult};
 pub struct CachePolicy {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
+    /// Let the kernel cache writes (FUSE_WRITEBACK_CACHE) when the server pushes
+    /// invalidations; see writeback.rs for what keeps that coherent, and its limits.
+    pub writeback: bool,
 }
 
 impl Default for CachePolicy {
@@ -39,6 +43,7 @@ impl Default for CachePolicy {
         CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
+            writeback: false,
         }
     }
 }
@@ -52,6 +57,8 @@ pub struct TetherFs {
     replayer: Option<Arc<Replayer>>,
     /// The nodes and handles the kernel holds, for a reconnect to restore.
     known: Arc<Known>,
+    /// Keeps the kernel's sizes and mtimes coherent if the writeback cache is granted.
+    fixer: Option<Arc<AttrFixer>>,
 }
 
 impl TetherFs {
@@ -60,6 +67,7 @@ impl TetherFs {
         cache: CachePolicy,
         co: Arc<Coherence>,
         replayer: Option<Arc<Replayer>>,
+        fixer: Option<Arc<AttrFixer>>,
     ) -> Self {
         TetherFs {
             conn,
@@ -67,6 +75,7 @@ impl TetherFs {
             co,
             replayer,
             known: Arc::default(),
+            fixer,
         }
     }
 
@@ -77,6 +86,12 @@ impl TetherFs {
     /// The replayer, if `req` comes from its thread.
     fn replaying(&self, req: &FuseRequest) -> Option<&Arc<Replayer>> {
         self.replayer.as_ref().filter(|r| r.is_replay(req.pid()))
+    }
+
+    /// `req` re-states the host's attributes to the kernel (a replay, or writeback.rs): it
+    /// must be answered with them and change nothing on the host.
+    fn restating(&self, req: &FuseRequest) -> bool {
+        self.replaying(req).is_some() || self.co.fixer().is_some_and(|f| f.is_restating(req.pid()))
     }
 }
 
@@ -265,7 +280,7 @@ impl TetherFs {
         self.conn
             .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) => {
-                    co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                    co.entry_given(&e);
                     if let Some(name) = entry_name {
                         known.seen(parent, &name, e.node);
                     }
@@ -374,7 +389,7 @@ impl TetherFs {
         self.conn
             .call(who, &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) if e.node == node => {
-                    co.set_watched(e.node, e.flags & entry_flags::WATCHED != 0);
+                    co.entry_given(&e);
                     known.seen(dir, &name, e.node);
                     let attr = file_attr(&e.attr);
                     reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
@@ -493,12 +508,26 @@ impl Filesystem for TetherFs {
         // kernel must truncate with SETATTR itself.
         // Always readdirplus (no _AUTO heuristic): a directory walk then fills the dentry
         // and attribute caches with one trip per page of entries, not one LOOKUP per name.
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_BIG_WRITES;
+        // The writeback cache only with pushed invalidations (the kernel would otherwise
+        // never learn a host-side size or mtime) and a fixer to apply them (writeback.rs).
+        // KILLPRIV_V2 comes with it: the server clears set-user-ID on write and truncate, so
+        // the kernel may skip its security.capability lookup before every write (SB_NOSEC).
+        let writeback = InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        let fixer = self.fixer.clone().filter(|_| {
+            self.cache.writeback && self.co.enabled() && config.capabilities().contains(writeback)
+        });
+        if fixer.is_some() {
+            wanted |= writeback;
+        }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
+        if let Some(f) = fixer {
+            self.co.set_fixer(f);
+        }
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_background(64);
         Ok(())
@@ -533,7 +562,9 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
-        self.known.forgotten(ino.0, nlookup);
+        if self.known.forgotten(ino.0, nlookup) {
+            self.co.forget_file(ino.0);
+        }
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -582,8 +613,14 @@ impl Filesystem for TetherFs {
             mtime: set_time(mtime),
         };
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        let msg = if self.replaying(req).is_some() {
-            // Replayed truncate or chmod: the host is already as it should be.
+        let mut set = set;
+        if size.is_some() && req.uid() != 0 && self.co.fixer().is_some() {
+            // KILLPRIV_V2: clearing set-user-ID on truncation is the server's job.
+            set.valid |= setattr_valid::KILL_SUIDGID;
+        }
+        let msg = if self.restating(req) {
+            // Replayed truncate or chmod, or a fix of the kernel's size or mtime: the host
+            // is already as it should be.
             Request::Getattr { node: ino.0, fh: 0 }
         } else {
             Request::Setattr {
@@ -766,7 +803,7 @@ impl Filesystem for TetherFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -777,7 +814,37 @@ impl Filesystem for TetherFs {
             offset,
             data: Bytes::copy_from_slice(data),
         };
-        self.written_call(req, msg, reply);
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            return self.written_call(req, msg, reply);
+        }
+        // KILLPRIV_V2: a writer without CAP_FSETID (with the writeback cache the kernel
+        // writes through for it, only to set-user/group-ID files): after the write, the
+        // server clears those bits as the host kernel would for that writer.
+        let (conn, who, node) = (self.conn.clone(), caller(req), ino.0);
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Written { size } => {
+                let kill = Request::Setattr {
+                    node,
+                    fh: 0,
+                    set: SetAttr {
+                        valid: setattr_valid::KILL_SUIDGID,
+                        mode: 0,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        atime: SetTime::Omit,
+                        mtime: SetTime::Omit,
+                    },
+                };
+                let done = move |res: ReplyResult| match res {
+                    Ok(_) => reply.written(size.min(u32::MAX as u64) as u32),
+                    Err(e) => reply.error(errno(e)),
+                };
+                conn.defer(who, kill, Some(Box::new(done)));
+                Ok(())
+            }
+            _ => Err(reply),
+        });
     }
 
     fn flush(
@@ -788,8 +855,9 @@ impl Filesystem for TetherFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes are synchronous (no writeback cache), so close() has nothing to flush and
-        // no error to report: ENOSYS stops the kernel sending FLUSH on every close().
+        // The kernel writes back a file's dirty pages itself at close() before it would send
+        // FLUSH, and write errors come back to those writes: ENOSYS stops the kernel sending
+        // FLUSH on every close().
         let _ = (req, ino, fh, lock_owner);
         reply.error(Errno::ENOSYS);
     }
@@ -823,6 +891,12 @@ impl Filesystem for TetherFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.co.fixer().is_some_and(|f| f.is_fixer(req.pid())) {
+            // writeback.rs: the fixer only wants the kernel's dirty data sent, not the
+            // host's disk flushed.
+            reply.ok();
+            return;
+        }
         self.empty_call(
             req,
             Request::Fsync {
@@ -915,7 +989,7 @@ impl Filesystem for TetherFs {
                     });
                     if !full {
                         if e.entry.is_some() {
-                            co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
+                            co.entry_given(&entry);
                         }
                         let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                         full = reply.add(
@@ -1085,7 +1159,7 @@ impl Filesystem for TetherFs {
         let created = name(n);
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
-                co.set_watched(entry.node, entry.flags & entry_flags::WATCHED != 0);
+                co.entry_given(&entry);
                 known.seen(dir, &created, entry.node);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 let keep = if co.cacheable(entry.node, sent) {

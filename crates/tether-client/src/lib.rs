@@ -8,6 +8,7 @@ pub mod mount;
 pub mod restore;
 pub mod rpc;
 pub mod status;
+pub mod writeback;
 
 pub use coherence::Coherence;
 pub use fuse_fs::{CachePolicy, TetherFs};

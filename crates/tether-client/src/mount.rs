@@ -14,6 +14,7 @@ use crate::fuse_fs::{CachePolicy, TetherFs};
 use crate::host_events::Replayer;
 use crate::restore::Restore;
 use crate::rpc::Connection;
+use crate::writeback::{AttrFixer, Flusher, MountDir, FLUSH_INTERVAL};
 
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -42,6 +43,25 @@ impl Default for MountOptions {
 /// A mounted file system; `run` serves it until it is unmounted.
 pub struct Mounted {
     session: Session<TetherFs>,
+    dir: Arc<MountDir>,
+}
+
+/// Unmounts from another thread; the writeback threads' descriptors are out of the way
+/// first (an open one would make the unmount fail with EBUSY).
+pub struct Unmounter {
+    inner: SessionUnmounter,
+    dir: Arc<MountDir>,
+}
+
+impl Unmounter {
+    pub fn unmount(&mut self) -> io::Result<()> {
+        self.dir.pause();
+        let r = self.inner.unmount();
+        if r.is_err() {
+            self.dir.resume();
+        }
+        r
+    }
 }
 
 impl Mounted {
@@ -87,22 +107,42 @@ impl Mounted {
             && conn.hello.features & tether_proto::handshake::features::HOST_EVENTS != 0)
             .then(|| -> io::Result<_> { Ok(Arc::new(Replayer::new(&mountpoint.canonicalize()?))) })
             .transpose()?;
-        let fs = TetherFs::new(conn.clone(), opts.cache, co.clone(), replayer.clone());
+        // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, no writeback cache.
+        let dir = Arc::new(MountDir::new(mountpoint.to_path_buf()));
+        // SAFETY: geteuid has no preconditions.
+        let fixer = (unsafe { libc::geteuid() } == 0)
+            .then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
+        let fs = TetherFs::new(
+            conn.clone(),
+            opts.cache,
+            co.clone(),
+            replayer.clone(),
+            fixer,
+        );
         conn.set_restorer(Arc::new(Restore::new(fs.known(), co.clone())));
         let session = Session::new(fs, mountpoint, &config)?;
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         co.start_applier(session.notifier(), replayer, fuse_dev);
-        Ok(Mounted { session })
+        if co.fixer().is_some() {
+            Flusher::start(dir.clone(), FLUSH_INTERVAL);
+        }
+        Ok(Mounted { session, dir })
     }
 
     /// A handle that unmounts from another thread (a signal handler thread).
-    pub fn unmounter(&mut self) -> SessionUnmounter {
-        self.session.unmount_callable()
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter {
+            inner: self.session.unmount_callable(),
+            dir: self.dir.clone(),
+        }
     }
 
     /// Serves kernel requests until the file system is unmounted.
     pub fn run(self) -> io::Result<()> {
-        self.session.run()
+        let dir = self.dir.clone();
+        let r = self.session.run();
+        dir.gone();
+        r
     }
 }
 
@@ -111,9 +151,18 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: c is a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
-        return Err(io::Error::last_os_error());
+    // The mount's own flusher holds a descriptor for the moment of each sync (writeback.rs):
+    // EBUSY for that long is not "files open".
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        // SAFETY: c is a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) || std::time::Instant::now() >= deadline {
+            return Err(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    Ok(())
 }

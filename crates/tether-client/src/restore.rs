@@ -102,16 +102,17 @@ impl Known {
         }
     }
 
-    /// The kernel dropped `lookups` of its lookups of `node`.
-    pub fn forgotten(&self, node: NodeId, lookups: u64) {
+    /// The kernel dropped `lookups` of its lookups of `node`; true if it holds none now.
+    pub fn forgotten(&self, node: NodeId, lookups: u64) -> bool {
         let gone = self.places.remove_if_mut(&node, |_, p| {
             p.lookups = p.lookups.saturating_sub(lookups);
             p.lookups == 0
         });
-        if let Some((_, p)) = gone {
+        if let Some((_, p)) = &gone {
             self.by_name
                 .remove_if(&name_key(p.parent, &p.name), |_, n| *n == node);
         }
+        gone.is_some() || !self.places.contains_key(&node)
     }
 
     pub fn opened(&self, fh: HandleId, h: OpenHandle) {

@@ -197,6 +197,11 @@ pub mod setattr_valid {
     pub const UID: u32 = 2;
     pub const GID: u32 = 4;
     pub const SIZE: u32 = 8;
+    /// The change is made for a process without CAP_FSETID: clear set-user-ID, and
+    /// set-group-ID where Linux would (group-executable, or the caller not in the file's
+    /// group), as the host kernel would for such a writer. Alone (no other bit), it is sent
+    /// after a write that the guest kernel marked FUSE_WRITE_KILL_SUIDGID.
+    pub const KILL_SUIDGID: u32 = 16;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

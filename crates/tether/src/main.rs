@@ -92,6 +92,11 @@ enum Command {
         /// Do not raise inotify events in the guest for changes made on the host.
         #[arg(long)]
         no_watch_events: bool,
+        /// Experimental, not for data you care about: let the guest kernel cache writes and
+        /// send them at close, fsync or every 20 ms. tether-fsx still finds mismatches with
+        /// it (docs/coherence.md, "Writeback cache").
+        #[arg(long, hide = true)]
+        writeback: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
         /// to ~/.config/tether/secret when that exists.
         #[arg(long)]
@@ -309,6 +314,7 @@ fn run(cmd: Command) -> Result<()> {
             threads,
             no_push,
             no_watch_events,
+            writeback,
             secret_file,
             uid,
             gid,
@@ -354,6 +360,7 @@ fn run(cmd: Command) -> Result<()> {
                 cache: CachePolicy {
                     attr_ttl: ttl,
                     entry_ttl: ttl,
+                    writeback,
                 },
                 fs_name: format!("tether:{addr}"),
                 threads,

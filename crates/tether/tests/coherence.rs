@@ -49,7 +49,19 @@ fn read(p: &Path) -> Option<Vec<u8>> {
 #[test]
 fn every_kind_of_host_change_is_seen_promptly() {
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    every_kind_of_host_change(NO_TIMEOUT);
+}
+
+/// The same with the kernel's writeback cache, where the guest kernel owns sizes and mtimes
+/// and only the fixer (writeback.rs) makes the host's show.
+#[test]
+fn every_kind_of_host_change_is_seen_promptly_with_the_writeback_cache() {
+    require_mount!();
+    every_kind_of_host_change(&["--attr-timeout", "3600", "--writeback"]);
+}
+
+fn every_kind_of_host_change(mount_args: &[&str]) {
+    let t = TestMount::start_with(&[], mount_args);
     let (h, g) = (&t.export, &t.mnt);
     fs::write(h.join("same"), b"aaaa").unwrap();
     fs::write(h.join("grow"), b"abc").unwrap();
@@ -255,4 +267,76 @@ fn without_push_the_mount_says_so_and_still_sees_changes_after_its_timeout() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// With the writeback cache: a descriptor the guest holds open follows the host's appends,
+/// truncations and mtimes (the kernel's inode is corrected, not replaced: no EIO), and what
+/// the guest writes through a descriptor it keeps open reaches the host and a second mount
+/// without a close or fsync (the flusher).
+#[test]
+fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    require_mount!();
+    let args = ["--attr-timeout", "3600", "--writeback"];
+    let t = TestMount::start_with(&[], &args);
+    let (h, g) = (&t.export, &t.mnt);
+    fs::write(h.join("log"), b"one\n").unwrap();
+    let mut held = fs::File::open(g.join("log")).unwrap();
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "one\n");
+
+    fs::OpenOptions::new()
+        .append(true)
+        .open(h.join("log"))
+        .unwrap()
+        .write_all_ok(b"two\n");
+    visible("append seen through the open descriptor", || {
+        let mut s = String::new();
+        held.seek(SeekFrom::Start(0)).unwrap();
+        held.read_to_string(&mut s).unwrap();
+        s == "one\ntwo\n" && held.metadata().unwrap().len() == 8
+    });
+
+    fs::OpenOptions::new()
+        .write(true)
+        .open(h.join("log"))
+        .unwrap()
+        .set_len(3)
+        .unwrap();
+    visible("truncation seen through the open descriptor", || {
+        let mut s = String::new();
+        held.seek(SeekFrom::Start(0)).unwrap();
+        held.read_to_string(&mut s).unwrap();
+        s == "one" && held.metadata().unwrap().len() == 3
+    });
+
+    let status = Command::new("touch")
+        .args(["-m", "-d", "@1000000000"])
+        .arg(h.join("log"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    visible("host mtime seen through the open descriptor", || {
+        held.metadata().unwrap().mtime() == 1_000_000_000
+    });
+
+    // Guest writes through a descriptor that stays open.
+    let other = t.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+    let _second = Mount::start(&address, &other, &args);
+    let mut w = fs::OpenOptions::new()
+        .append(true)
+        .open(g.join("log"))
+        .unwrap();
+    w.write_all(b"+guest").unwrap();
+    visible("a guest write in an open file reaches the host", || {
+        read(&h.join("log")).as_deref() == Some(b"one+guest")
+    });
+    visible("... and the second mount", || {
+        read(&other.join("log")).as_deref() == Some(b"one+guest")
+    });
+    drop(w);
+    drop(held);
 }

@@ -487,7 +487,7 @@ impl ExportFs {
                 }
                 self.getattr_node(node).map(Reply::Attr)
             }
-            Setattr { node, fh, set } => self.setattr(node, fh, set).map(Reply::Attr),
+            Setattr { node, fh, set } => self.setattr(caller, node, fh, set).map(Reply::Attr),
             Readlink { node } => self.readlink(node).map(|v| Reply::Data(Bytes::from(v))),
             Mknod {
                 parent,
@@ -854,9 +854,17 @@ impl ExportFs {
         }
     }
 
-    fn setattr(&self, node: NodeId, fh: HandleId, set: tether_proto::SetAttr) -> SysResult<Attr> {
+    fn setattr(
+        &self,
+        caller: Caller,
+        node: NodeId,
+        fh: HandleId,
+        set: tether_proto::SetAttr,
+    ) -> SysResult<Attr> {
         let (n, fd) = self.node_fd(node)?;
-        self.own_change(&n, fd.as_fd(), || self.apply_setattr(&n, &fd, fh, set))?;
+        self.own_change(&n, fd.as_fd(), || {
+            self.apply_setattr(&n, &fd, fh, set, caller)
+        })?;
         let st = sys::fstat(fd.as_fd())?;
         Ok(self.attr_of(&st, node))
     }
@@ -867,6 +875,7 @@ impl ExportFs {
         fd: &OwnedFd,
         fh: HandleId,
         set: tether_proto::SetAttr,
+        caller: Caller,
     ) -> SysResult<()> {
         let file = if fh != 0 {
             self.file(n.id, fh).ok()
@@ -906,6 +915,30 @@ impl ExportFs {
         }
         if set.atime != SetTime::Omit || set.mtime != SetTime::Omit {
             sys::utimens_empty(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
+        }
+        if set.valid & setattr_valid::KILL_SUIDGID != 0 {
+            self.kill_suidgid(fd, caller.gid)?;
+        }
+        Ok(())
+    }
+
+    /// What Linux does to a regular file written or truncated by a process without
+    /// CAP_FSETID: set-user-ID goes, and set-group-ID if the file is group-executable or the
+    /// writer is not in its group (the caller's gid stands for its groups here).
+    fn kill_suidgid(&self, fd: &OwnedFd, caller_gid: u32) -> SysResult<()> {
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mut mode = st.st_mode & 0o7777;
+        mode &= !libc::S_ISUID;
+        let group_exec = st.st_mode & libc::S_IXGRP != 0;
+        let (_, file_gid) = self.ids.guest_owner(st.st_uid, st.st_gid);
+        if group_exec || caller_gid != file_gid {
+            mode &= !libc::S_ISGID;
+        }
+        if mode != st.st_mode & 0o7777 {
+            sys::fchmodat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), mode)?;
         }
         Ok(())
     }

@@ -1,0 +1,417 @@
+//! The kernel's writeback cache, kept coherent.
+//!
+//! Guest writes first: they land in the guest's page cache and reach the server at
+//! close(), fsync(), or when the [`Flusher`] syncs the mount (every 20 ms by default), so a
+//! write through a descriptor that stays open shows on the host within that interval.
+//!
+//! Host changes:
+//!
+//! With the writeback cache (FUSE_WRITEBACK_CACHE) the guest kernel owns the size, mtime and
+//! ctime of every regular file it caches: writes land in its page cache and reach the server
+//! later, so it never takes those three from a server reply again (fs/fuse/inode.c,
+//! `fuse_get_cache_mask`). An `inval_inode` still drops pages and the other attributes, but
+//! a file the host appended to would keep its old size (reads cut short) and a file the host
+//! edited would keep its old mtime (make would not rebuild it).
+//!
+//! The kernel does take them from two places: the size from the daemon's reply to a
+//! truncating SETATTR, and the mtime from a SETATTR that sets times. So after a host change
+//! to a regular file the kernel holds, the [`AttrFixer`] opens that very inode through
+//! `open_by_handle_at` (no path: nothing can be renamed under it), and if the kernel's size
+//! or mtime differ from the host's, it truncates the descriptor to the host's size and sets
+//! the host's mtime. Its thread is known to the FUSE handlers, which answer its SETATTRs
+//! with the server's current attributes and change nothing on the host (as for replays,
+//! host_events.rs). A process holding the file open keeps its descriptor and sees the new
+//! size and content; nothing gets EIO.
+//!
+//! Costs: one GETATTR per changed file the kernel holds, and when something differs two
+//! SETATTRs the client answers itself. Guest watchers of the file also see the open,
+//! truncate, attrib and close events of the fix (docs/coherence.md).
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tether_proto::{Attr, Caller, NodeId, Reply, Request};
+
+use crate::rpc::Connection;
+
+/// fuse_encode_fh's type for a handle without the parent: node id (two u32) and generation.
+const FUSE_FILEID_INO64_GEN: i32 = 0x81;
+
+#[derive(Default)]
+pub struct FixCounters {
+    /// Files whose kernel size or mtime was set to the host's.
+    pub fixed: AtomicU64,
+    /// Running executables, which cannot be opened for writing (ETXTBSY).
+    pub busy: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+pub struct AttrFixer {
+    conn: Arc<Connection>,
+    /// The mount's root, for open_by_handle_at.
+    dir: Arc<MountDir>,
+    /// Threads that fix (bound with `bind_to_current_thread`).
+    tids: DashMap<i32, ()>,
+    /// Threads inside a fix's truncate or utimens: their SETATTRs only re-state the host's
+    /// attributes. (Their other SETATTRs, the kernel writing back a dirty mtime, are real.)
+    restating: DashMap<i32, ()>,
+    /// Regular files the kernel was given, with the generation it knows them by.
+    files: DashMap<NodeId, u32>,
+    /// Nodes waiting for the fixing thread, each once.
+    queued: Mutex<(Vec<NodeId>, HashSet<NodeId>)>,
+    wake: Condvar,
+    pub counters: FixCounters,
+}
+
+fn tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+impl AttrFixer {
+    pub fn new(conn: Arc<Connection>, dir: Arc<MountDir>) -> AttrFixer {
+        AttrFixer {
+            conn,
+            dir,
+            tids: DashMap::new(),
+            restating: DashMap::new(),
+            files: DashMap::new(),
+            queued: Mutex::new((Vec::new(), HashSet::new())),
+            wake: Condvar::new(),
+            counters: FixCounters::default(),
+        }
+    }
+
+    /// Starts the fixing thread; it runs as long as the process.
+    pub fn start(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tether-fix".into())
+            .spawn(move || {
+                me.bind_to_current_thread();
+                loop {
+                    let nodes = {
+                        let mut q = me.queued.lock().unwrap();
+                        while q.0.is_empty() {
+                            q = me.wake.wait(q).unwrap();
+                        }
+                        q.1.clear();
+                        std::mem::take(&mut q.0)
+                    };
+                    nodes.into_iter().for_each(|n| me.fix(n));
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no fixing thread: {e}");
+        }
+    }
+
+    /// Queues a fix of `node` (see [`AttrFixer::fix`]), if the kernel holds it as a file.
+    pub fn fix_later(&self, node: NodeId) {
+        if !self.files.contains_key(&node) {
+            return;
+        }
+        let mut q = self.queued.lock().unwrap();
+        if q.1.insert(node) {
+            q.0.push(node);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The calling thread may call [`AttrFixer::fix`].
+    pub fn bind_to_current_thread(&self) {
+        self.tids.insert(tid(), ());
+    }
+
+    /// True for requests a fixing thread caused (FUSE reports the caller's thread id).
+    pub fn is_fixer(&self, pid: u32) -> bool {
+        !self.tids.is_empty() && self.tids.contains_key(&(pid as i32))
+    }
+
+    /// True for a SETATTR that re-states the host's attributes (see `apply`).
+    pub fn is_restating(&self, pid: u32) -> bool {
+        !self.restating.is_empty() && self.restating.contains_key(&(pid as i32))
+    }
+
+    /// The kernel was given `node` with `generation` and these attributes.
+    pub fn entry_given(&self, node: NodeId, generation: u64, mode: u32) {
+        if mode & libc::S_IFMT == libc::S_IFREG {
+            // The kernel keeps the low 32 bits (struct inode's i_generation).
+            self.files.insert(node, generation as u32);
+        }
+    }
+
+    pub fn forget(&self, node: NodeId) {
+        self.files.remove(&node);
+    }
+
+    /// Makes the kernel's size and mtime of `node` the host's, if the kernel holds it as a
+    /// regular file. Runs on the fixing thread, never on a FUSE handler's.
+    fn fix(&self, node: NodeId) {
+        let Some(generation) = self.files.get(&node).map(|g| *g) else {
+            return;
+        };
+        match self.apply(node, generation) {
+            Ok(true) => {
+                self.counters.fixed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            // The kernel no longer holds the inode: the next lookup reads fresh attributes.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                self.counters.busy.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("could not bring node {node}'s size and mtime up to date: {e}");
+            }
+        }
+    }
+
+    /// True if something had to change.
+    fn apply(&self, node: NodeId, generation: u32) -> io::Result<bool> {
+        let file = self
+            .dir
+            .with(|root| open_by_node(root, node, generation))
+            .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))?;
+        // The guest's own unwritten data and mtime go to the server first (the client
+        // answers this FSYNC itself: no disk flush on the host), so that the host's
+        // attributes include them and a write the guest made after the host's change is
+        // not cut off by the truncation below.
+        // SAFETY: a descriptor we own.
+        check(unsafe { libc::fsync(file.as_raw_fd()) })?;
+        let me = Caller {
+            uid: 0,
+            gid: 0,
+            pid: tid() as u32,
+        };
+        let host = match self.conn.call_wait(me, &Request::Getattr { node, fh: 0 }) {
+            Ok(Reply::Attr(a)) if a.mode & libc::S_IFMT == libc::S_IFREG => a,
+            _ => return Ok(false), // gone, or no longer a file: its name invalidation follows
+        };
+        let (size, mtime) = kernel_size_and_mtime(&file)?;
+        if size > host.size && kernel_size_and_mtime(&file)?.0 != size {
+            // The guest is writing this file now: a truncation to the host's size could cut
+            // data it has not written back yet. Its write-back brings the host up to date.
+            return Ok(false);
+        }
+        self.restating.insert(tid(), ());
+        let r = restate(&file, size, mtime, &host);
+        self.restating.remove(&tid());
+        r
+    }
+}
+
+/// Truncates `file` to the host's size and sets the host's mtime, where the kernel's
+/// (`size`, `mtime`) differ; the handlers answer with the host's attributes.
+fn restate(file: &OwnedFd, size: u64, mtime: (i64, u32), host: &Attr) -> io::Result<bool> {
+    let host_mtime = (host.mtime.sec, host.mtime.nsec);
+    if size == host.size && mtime == host_mtime {
+        return Ok(false);
+    }
+    if size != host.size {
+        // The handler answers with the host's attributes, whose size the kernel takes.
+        // SAFETY: a descriptor we own.
+        check(unsafe { libc::ftruncate(file.as_raw_fd(), host.size as libc::off_t) })?;
+    }
+    // After the truncation too, which set the kernel's mtime to now.
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: host.mtime.sec as libc::time_t,
+            tv_nsec: host.mtime.nsec as libc::c_long,
+        },
+    ];
+    // SAFETY: a descriptor we own and two valid timespecs.
+    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    Ok(true)
+}
+
+fn check(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Opens for writing the inode the kernel holds for `node`, through FUSE's own file handle
+/// format; ESTALE when the kernel does not hold it (we do not ask for export support, so
+/// the kernel never looks a handle up on the server).
+fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        words: [u32; 3],
+    }
+    let mut h = Handle {
+        bytes: 12,
+        kind: FUSE_FILEID_INO64_GEN,
+        words: [(node >> 32) as u32, node as u32, generation],
+    };
+    let flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: `h` is laid out as struct file_handle with 12 bytes of handle.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            &mut h as *mut Handle,
+            flags,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The size and mtime the kernel holds, without asking the server.
+fn kernel_size_and_mtime(file: &OwnedFd) -> io::Result<(u64, (i64, u32))> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid descriptor, empty C string, and a statx buffer.
+    check(unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_SIZE | libc::STATX_MTIME,
+            stx.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: statx succeeded.
+    let stx = unsafe { stx.assume_init() };
+    Ok((stx.stx_size, (stx.stx_mtime.tv_sec, stx.stx_mtime.tv_nsec)))
+}
+
+/// Short-lived descriptors of the mount's root. Any open descriptor on the mount makes a
+/// plain umount fail with EBUSY, so none is kept between uses, and an unmount in this
+/// process first pauses it ([`MountDir::pause`]).
+pub struct MountDir {
+    path: PathBuf,
+    state: Mutex<DirState>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DirState {
+    Open,
+    Paused,
+    Gone,
+}
+
+/// statfs's f_type of a FUSE mount.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+impl MountDir {
+    pub fn new(path: PathBuf) -> MountDir {
+        MountDir {
+            path,
+            state: Mutex::new(DirState::Open),
+        }
+    }
+
+    /// Runs `f` with a descriptor of the mount's root (open_by_handle_at refuses O_PATH
+    /// ones), or returns None if the mount is paused, gone, or not (yet) there: the path
+    /// must lead to a FUSE file system, never to the directory beneath it.
+    pub fn with<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
+        let state = self.state.lock().unwrap();
+        if *state != DirState::Open {
+            return None;
+        }
+        let dir = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&self.path)
+            .ok()?;
+        let mut sfs = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+        // SAFETY: a valid descriptor and a statfs buffer.
+        if unsafe { libc::fstatfs(dir.as_raw_fd(), sfs.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        // SAFETY: fstatfs succeeded.
+        if unsafe { sfs.assume_init() }.f_type != FUSE_SUPER_MAGIC {
+            return None;
+        }
+        let r = f(dir.as_fd());
+        drop(dir);
+        drop(state);
+        Some(r)
+    }
+
+    /// No descriptor is open once this returns, and none will be until [`MountDir::resume`].
+    pub fn pause(&self) {
+        self.set(DirState::Paused);
+    }
+
+    /// The unmount did not happen (files open): go on.
+    pub fn resume(&self) {
+        let mut state = self.state.lock().unwrap();
+        if *state == DirState::Paused {
+            *state = DirState::Open;
+        }
+    }
+
+    /// The mount is gone for good.
+    pub fn gone(&self) {
+        self.set(DirState::Gone);
+    }
+
+    fn is_gone(&self) -> bool {
+        *self.state.lock().unwrap() == DirState::Gone
+    }
+
+    fn set(&self, to: DirState) {
+        let mut state = self.state.lock().unwrap();
+        if *state != DirState::Gone {
+            *state = to;
+        }
+    }
+}
+
+/// Syncs the mount every `interval`, so that data written through a descriptor that stays
+/// open reaches the server within about that time instead of the kernel's 30 s writeback
+/// expiry. syncfs costs next to nothing when nothing is dirty.
+pub struct Flusher;
+
+/// How often the flusher syncs a mount by default.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
+
+impl Flusher {
+    /// Starts the thread; it ends when the mount is gone.
+    pub fn start(dir: Arc<MountDir>, interval: Duration) {
+        let spawned = std::thread::Builder::new()
+            .name("tether-flush".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                if dir.is_gone() {
+                    return;
+                }
+                // SAFETY: syncfs on a descriptor that is open for the call.
+                let r = dir.with(|root| unsafe { libc::syncfs(root.as_raw_fd()) });
+                match r {
+                    Some(0) | None => {}
+                    Some(_) => {
+                        let e = io::Error::last_os_error();
+                        if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
+                            return;
+                        }
+                        tracing::warn!("syncing the mount failed: {e}");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no flusher thread: {e}");
+        }
+    }
+}
