@@ -13,16 +13,18 @@ use bytes::Bytes;
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request as FuseRequest, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request as FuseRequest, TimeOrNow,
+    WriteFlags,
 };
 use tether_proto::{
-    setattr_valid, Attr, Caller, Entry, NodeId, Reply, Request, SetAttr, SetTime, Timespec,
-    WireErrno,
+    lock_type, setattr_valid, Attr, Caller, Entry, LockSpec, NodeId, Reply, Request, SetAttr,
+    SetTime, Timespec, WireErrno,
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
+use crate::locks::{LockRequest, Locks};
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::AttrFixer;
@@ -59,6 +61,9 @@ pub struct TetherFs {
     known: Arc<Known>,
     /// Keeps the kernel's sizes and mtimes coherent if the writeback cache is granted.
     fixer: Option<Arc<AttrFixer>>,
+    /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
+    /// local to this guest's kernel.
+    locks: Option<Locks>,
 }
 
 impl TetherFs {
@@ -68,6 +73,7 @@ impl TetherFs {
         co: Arc<Coherence>,
         replayer: Option<Arc<Replayer>>,
         fixer: Option<Arc<AttrFixer>>,
+        locks: Option<Locks>,
     ) -> Self {
         TetherFs {
             conn,
@@ -76,6 +82,7 @@ impl TetherFs {
             replayer,
             known: Arc::default(),
             fixer,
+            locks,
         }
     }
 
@@ -115,6 +122,25 @@ fn ttl_for(
     }
 }
 
+/// A kernel lock request on the wire: fcntl's lock types, and OFFSET_MAX for "to the end".
+fn lock_spec(owner: LockOwner, flock: bool, typ: i32, start: u64, end: u64) -> LockSpec {
+    LockSpec {
+        owner: owner.0,
+        flock,
+        typ: match typ {
+            libc::F_RDLCK => lock_type::READ,
+            libc::F_WRLCK => lock_type::WRITE,
+            _ => lock_type::UNLOCK,
+        },
+        start,
+        end: if end >= i64::MAX as u64 {
+            u64::MAX
+        } else {
+            end
+        },
+    }
+}
+
 fn caller(req: &FuseRequest) -> Caller {
     Caller {
         uid: req.uid(),
@@ -123,7 +149,7 @@ fn caller(req: &FuseRequest) -> Caller {
     }
 }
 
-fn errno(e: WireErrno) -> Errno {
+pub(crate) fn errno(e: WireErrno) -> Errno {
     Errno::from_i32(e.to_host())
 }
 
@@ -218,6 +244,7 @@ macro_rules! kernel_reply {
     ($($t:ty),*) => { $(impl KernelReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
 }
 kernel_reply!(
+    ReplyLock,
     ReplyEntry,
     ReplyAttr,
     ReplyData,
@@ -523,6 +550,10 @@ impl Filesystem for TetherFs {
         if fixer.is_some() {
             wanted |= writeback;
         }
+        // Locks go to the host's files (locks.rs); flock too, not emulated with POSIX locks.
+        if self.locks.is_some() {
+            wanted |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
         if let Some(f) = fixer {
@@ -531,6 +562,75 @@ impl Filesystem for TetherFs {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_background(64);
         Ok(())
+    }
+
+    fn getlk(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let msg = Request::Getlk {
+            node: ino.0,
+            lock: lock_spec(lock_owner, false, typ, start, end),
+        };
+        self.call(req, msg, reply, |reply, r| match r {
+            Reply::Lock {
+                typ, start, end, ..
+            } => {
+                let typ = match typ {
+                    lock_type::READ => libc::F_RDLCK,
+                    lock_type::WRITE => libc::F_WRLCK,
+                    _ => libc::F_UNLCK,
+                };
+                // The holder may be on the host or in another guest: its pid means nothing
+                // here, so none is given (as NFS does for remote holders).
+                reply.locked(start, end.min(i64::MAX as u64), typ, 0);
+                Ok(())
+            }
+            _ => Err(reply),
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &FuseRequest,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        flock: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(locks) = &self.locks else {
+            reply.error(Errno::ENOSYS);
+            return;
+        };
+        let r = LockRequest {
+            unique: req.unique().0,
+            who: caller(req),
+            node: ino.0,
+            lock: lock_spec(lock_owner, flock, typ, start, end),
+            tgid: pid,
+            wait: sleep,
+        };
+        locks.set(r, reply);
+    }
+
+    fn interrupt(&self, _req: &FuseRequest, unique: fuser::RequestId) {
+        if let Some(l) = &self.locks {
+            l.interrupt(unique.0);
+        }
     }
 
     fn destroy(&mut self) {
@@ -554,6 +654,9 @@ impl Filesystem for TetherFs {
             return; // never known to the server
         }
         self.co.forget(ino.0);
+        if let Some(l) = &self.locks {
+            l.forgotten(ino.0);
+        }
         // Sent before the count drops: a reconnect's restore then either counts these
         // lookups and gets the FORGET after it, or counts none of them.
         self.conn.send_oneway(

@@ -4,6 +4,7 @@
 pub mod coherence;
 pub mod fuse_fs;
 pub mod host_events;
+pub mod locks;
 pub mod mount;
 pub mod restore;
 pub mod rpc;

@@ -12,6 +12,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::coherence::Coherence;
 use crate::fuse_fs::{CachePolicy, TetherFs};
 use crate::host_events::Replayer;
+use crate::locks::Locks;
 use crate::restore::Restore;
 use crate::rpc::Connection;
 use crate::writeback::{AttrFixer, Flusher, MountDir, FLUSH_INTERVAL};
@@ -26,6 +27,9 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Raise inotify events in the guest for host changes (needs HOST_EVENTS granted).
     pub watch_events: bool,
+    /// Take flock, POSIX and OFD locks on the host's files (needs root, for fanotify); off,
+    /// they are local to this guest's kernel.
+    pub host_locks: bool,
 }
 
 impl Default for MountOptions {
@@ -36,6 +40,7 @@ impl Default for MountOptions {
             threads: 2,
             read_only: false,
             watch_events: true,
+            host_locks: true,
         }
     }
 }
@@ -112,16 +117,26 @@ impl Mounted {
         // SAFETY: geteuid has no preconditions.
         let fixer = (unsafe { libc::geteuid() } == 0)
             .then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
+        // Host locks need fanotify to see closes of locked files (locks.rs), so root; a
+        // mount without them keeps locks local to this guest, as before.
+        // SAFETY: geteuid has no preconditions.
+        let locks = (opts.host_locks && unsafe { libc::geteuid() } == 0)
+            .then(|| Locks::start(conn.clone(), dir.clone()))
+            .transpose()?;
         let fs = TetherFs::new(
             conn.clone(),
             opts.cache,
             co.clone(),
             replayer.clone(),
             fixer,
+            locks.clone(),
         );
         conn.set_restorer(Arc::new(Restore::new(fs.known(), co.clone())));
         let session = Session::new(fs, mountpoint, &config)?;
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
+        if let Some(l) = &locks {
+            l.set_notifier(session.notifier());
+        }
         co.start_applier(session.notifier(), replayer, fuse_dev);
         if co.fixer().is_some() {
             Flusher::start(dir.clone(), FLUSH_INTERVAL);

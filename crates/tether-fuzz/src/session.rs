@@ -354,7 +354,10 @@ fn remap(req: &mut Request, known: &[NodeId]) {
         | Access { node, .. }
         | Fallocate { node, .. }
         | Lseek { node, .. }
-        | Reopen { node, .. } => m(node),
+        | Reopen { node, .. }
+        | Setlk { node, .. }
+        | Getlk { node, .. }
+        | LockRelease { node, .. } => m(node),
     }
 }
 

@@ -58,6 +58,13 @@ pub enum Op {
     /// After a reconnect: LOOKUP that counts the lookups the client's kernel already
     /// holds on the node (protocol.md §15).
     Reclaim = 44,
+    /// Take, change or drop a lock without waiting (EAGAIN on conflict): the client
+    /// retries a blocking request itself, so it can be interrupted (protocol.md §16).
+    Setlk = 45,
+    /// The first lock that would conflict with the one described.
+    Getlk = 46,
+    /// Drop every lock one owner holds on a node (the owner's file was closed).
+    LockRelease = 47,
 }
 
 impl Op {
@@ -101,6 +108,9 @@ impl Op {
             42 => Ping,
             43 => Reopen,
             44 => Reclaim,
+            45 => Setlk,
+            46 => Getlk,
+            47 => LockRelease,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -126,6 +136,28 @@ impl Op {
                 | CopyFileRange
         )
     }
+}
+
+/// Lock types on the wire (not the host's F_RDLCK numbers, which differ between systems).
+pub mod lock_type {
+    pub const UNLOCK: u8 = 0;
+    pub const READ: u8 = 1;
+    pub const WRITE: u8 = 2;
+}
+
+/// A byte-range lock as SETLK and GETLK describe it. `end` is inclusive; `u64::MAX` means
+/// "to the end of the file, however long it grows".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockSpec {
+    /// Whose lock: the guest kernel's lock owner (a process's file table for POSIX locks,
+    /// an open file for flock and OFD locks).
+    pub owner: u64,
+    /// flock(2) semantics (whole file, independent of POSIX locks) instead of fcntl.
+    pub flock: bool,
+    /// One of [`lock_type`].
+    pub typ: u8,
+    pub start: u64,
+    pub end: u64,
 }
 
 /// Who is asking, as the guest kernel reported it.
@@ -433,6 +465,18 @@ pub enum Request {
         name: Bytes,
         lookups: u64,
     },
+    Setlk {
+        node: NodeId,
+        lock: LockSpec,
+    },
+    Getlk {
+        node: NodeId,
+        lock: LockSpec,
+    },
+    LockRelease {
+        node: NodeId,
+        owner: u64,
+    },
 }
 
 /// A successful reply. Which variant an op gets is fixed (see [`Request::op`] and the table
@@ -471,6 +515,46 @@ pub enum Reply {
     Lseek {
         offset: u64,
     },
+    /// getlk: the conflicting lock (`typ` UNLOCK and the rest 0 when there is none). `pid`
+    /// is the host's, 0 when unknown (locks of open file descriptions have none).
+    Lock {
+        typ: u8,
+        start: u64,
+        end: u64,
+        pid: u32,
+    },
+}
+
+impl LockSpec {
+    fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
+        let owner = d.u64()?;
+        let flock = d.bool()?;
+        let typ = Self::decode_type(d)?;
+        let (start, end) = (d.u64()?, d.u64()?);
+        if start > end {
+            return Err(DecodeError::Invalid {
+                field: "lock range",
+                value: start,
+            });
+        }
+        Ok(LockSpec {
+            owner,
+            flock,
+            typ,
+            start,
+            end,
+        })
+    }
+
+    fn decode_type(d: &mut Decoder) -> Result<u8, DecodeError> {
+        match d.u8()? {
+            t @ (lock_type::UNLOCK | lock_type::READ | lock_type::WRITE) => Ok(t),
+            v => Err(DecodeError::Invalid {
+                field: "lock type",
+                value: v as u64,
+            }),
+        }
+    }
 }
 
 impl Timespec {
@@ -644,6 +728,9 @@ impl Request {
             Ping => Op::Ping,
             Reopen { .. } => Op::Reopen,
             Reclaim { .. } => Op::Reclaim,
+            Setlk { .. } => Op::Setlk,
+            Getlk { .. } => Op::Getlk,
+            LockRelease { .. } => Op::LockRelease,
         }
     }
 
@@ -860,6 +947,17 @@ impl Request {
             } => {
                 e.u64(*parent).name(name).u64(*lookups);
             }
+            Setlk { node, lock } | Getlk { node, lock } => {
+                e.u64(*node)
+                    .u64(lock.owner)
+                    .bool(lock.flock)
+                    .u8(lock.typ)
+                    .u64(lock.start)
+                    .u64(lock.end);
+            }
+            LockRelease { node, owner } => {
+                e.u64(*node).u64(*owner);
+            }
         }
     }
 
@@ -1061,6 +1159,18 @@ impl Request {
                 name: d.name()?,
                 lookups: d.u64()?,
             },
+            Op::Setlk => Setlk {
+                node: d.u64()?,
+                lock: LockSpec::decode(&mut d)?,
+            },
+            Op::Getlk => Getlk {
+                node: d.u64()?,
+                lock: LockSpec::decode(&mut d)?,
+            },
+            Op::LockRelease => LockRelease {
+                node: d.u64()?,
+                owner: d.u64()?,
+            },
         };
         d.finish()?;
         Ok((caller, r))
@@ -1180,6 +1290,14 @@ impl Reply {
             Reply::Lseek { offset } => {
                 e.u64(*offset);
             }
+            Reply::Lock {
+                typ,
+                start,
+                end,
+                pid,
+            } => {
+                e.u8(*typ).u64(*start).u64(*end).u32(*pid);
+            }
         }
     }
 
@@ -1261,6 +1379,12 @@ impl Reply {
                 flags: d.u32()?,
             },
             Op::Lseek => Reply::Lseek { offset: d.u64()? },
+            Op::Getlk => Reply::Lock {
+                typ: LockSpec::decode_type(&mut d)?,
+                start: d.u64()?,
+                end: d.u64()?,
+                pid: d.u32()?,
+            },
             Op::Forget
             | Op::Unlink
             | Op::Rmdir
@@ -1275,7 +1399,9 @@ impl Reply {
             | Op::Access
             | Op::Fallocate
             | Op::Ping
-            | Op::Reopen => Reply::Empty,
+            | Op::Reopen
+            | Op::Setlk
+            | Op::LockRelease => Reply::Empty,
         };
         d.finish()?;
         Ok(Ok(r))

@@ -102,7 +102,7 @@ fn entry_bytes() -> Vec<u8> {
 }
 
 /// Every operation with its code, little-endian as in the frame header.
-const OPS: [(Op, [u8; 2]); 37] = [
+const OPS: [(Op, [u8; 2]); 40] = [
     (Op::Hello, [1, 0]),
     (Op::Auth, [2, 0]),
     (Op::Lookup, [10, 0]),
@@ -140,6 +140,9 @@ const OPS: [(Op, [u8; 2]); 37] = [
     (Op::Ping, [42, 0]),
     (Op::Reopen, [43, 0]),
     (Op::Reclaim, [44, 0]),
+    (Op::Setlk, [45, 0]),
+    (Op::Getlk, [46, 0]),
+    (Op::LockRelease, [47, 0]),
 ];
 
 /// Compares two frames, showing both in hex and the first differing offset on failure.
@@ -1134,6 +1137,86 @@ fn request_cases() -> Vec<ReqCase> {
             ]
             .concat(),
         },
+        ReqCase {
+            name: "setlk",
+            id: 42,
+            caller: CALLER,
+            req: Request::Setlk {
+                node: 0x1234,
+                lock: LockSpec {
+                    owner: 0x0102_0304_0506_0708,
+                    flock: false,
+                    typ: lock_type::WRITE,
+                    start: 100,
+                    end: u64::MAX,
+                },
+            },
+            expected: [
+                &[0x3a, 0, 0, 0][..],            // len: 58
+                &[1],                            // kind: request
+                &[0],                            // flags
+                &[45, 0],                        // op: 45 setlk
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &CALLER_BYTES,                   // caller
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
+                &[8, 7, 6, 5, 4, 3, 2, 1],       // owner
+                &[0],                            // flock: false (a POSIX or OFD lock)
+                &[2],                            // type: write
+                &[100, 0, 0, 0, 0, 0, 0, 0],     // start 100
+                &[0xff; 8],                      // end: to the end of the file
+            ]
+            .concat(),
+        },
+        ReqCase {
+            name: "getlk",
+            id: 42,
+            caller: CALLER,
+            req: Request::Getlk {
+                node: 0x1234,
+                lock: LockSpec {
+                    owner: 9,
+                    flock: true,
+                    typ: lock_type::READ,
+                    start: 0,
+                    end: 9,
+                },
+            },
+            expected: [
+                &[0x3a, 0, 0, 0][..],            // len: 58
+                &[1],                            // kind: request
+                &[0],                            // flags
+                &[46, 0],                        // op: 46 getlk
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &CALLER_BYTES,                   // caller
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
+                &[9, 0, 0, 0, 0, 0, 0, 0],       // owner
+                &[1],                            // flock: true
+                &[1],                            // type: read
+                &[0, 0, 0, 0, 0, 0, 0, 0],       // start 0
+                &[9, 0, 0, 0, 0, 0, 0, 0],       // end 9 (inclusive)
+            ]
+            .concat(),
+        },
+        ReqCase {
+            name: "lock_release",
+            id: 42,
+            caller: CALLER,
+            req: Request::LockRelease {
+                node: 0x1234,
+                owner: 9,
+            },
+            expected: [
+                &[0x28, 0, 0, 0][..],            // len: 40
+                &[1],                            // kind: request
+                &[0],                            // flags
+                &[47, 0],                        // op: 47 lock release
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &CALLER_BYTES,                   // caller
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
+                &[9, 0, 0, 0, 0, 0, 0, 0],       // owner
+            ]
+            .concat(),
+        },
     ]
 }
 
@@ -1539,6 +1622,30 @@ fn reply_cases() -> Vec<ReplyCase> {
             ]
             .concat(),
         },
+        ReplyCase {
+            name: "getlk".into(),
+            op: Op::Getlk,
+            id: 42,
+            result: Ok(Reply::Lock {
+                typ: lock_type::WRITE,
+                start: 0,
+                end: u64::MAX,
+                pid: 4321,
+            }),
+            expected: [
+                &[0x25, 0, 0, 0][..],         // len: 37
+                &[2],                         // kind: reply
+                &[0],                         // flags
+                &[46, 0],                     // op: 46 getlk
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+                &[0, 0, 0, 0],                // status: ok
+                &[2],                         // type: write
+                &[0, 0, 0, 0, 0, 0, 0, 0],    // start 0
+                &[0xff; 8],                   // end: to the end of the file
+                &[0xe1, 0x10, 0, 0],          // host pid 4321
+            ]
+            .concat(),
+        },
     ];
 
     // Replies shared by several operations: the same body under each op's header.
@@ -1635,6 +1742,8 @@ fn reply_cases() -> Vec<ReplyCase> {
         (Op::Fallocate, [39, 0]),
         (Op::Ping, [42, 0]),
         (Op::Reopen, [43, 0]),
+        (Op::Setlk, [45, 0]),
+        (Op::LockRelease, [47, 0]),
     ] {
         cases.push(ReplyCase {
             name: format!("{op:?} empty"),
@@ -2127,7 +2236,7 @@ fn trailing_bytes_are_refused() {
 #[test]
 fn unknown_ops_are_refused() {
     let body = Bytes::copy_from_slice(&CALLER_BYTES);
-    for op in [0u16, 3, 9, 45, 100, 0x8000, u16::MAX] {
+    for op in [0u16, 3, 9, 48, 100, 0x8000, u16::MAX] {
         assert_eq!(Op::from_u16(op), Err(DecodeError::UnknownOp(op)));
         assert_eq!(
             Request::decode(op, body.clone()),

@@ -92,6 +92,10 @@ enum Command {
         /// Do not raise inotify events in the guest for changes made on the host.
         #[arg(long)]
         no_watch_events: bool,
+        /// Keep flock, fcntl and OFD locks local to this guest's kernel instead of taking
+        /// them on the host's files (where other mounts and host processes see them).
+        #[arg(long)]
+        local_locks: bool,
         /// Experimental, not for data you care about: let the guest kernel cache writes and
         /// send them at close, fsync or every 20 ms. tether-fsx still finds mismatches with
         /// it (docs/coherence.md, "Writeback cache").
@@ -314,6 +318,7 @@ fn run(cmd: Command) -> Result<()> {
             threads,
             no_push,
             no_watch_events,
+            local_locks,
             writeback,
             secret_file,
             uid,
@@ -366,6 +371,7 @@ fn run(cmd: Command) -> Result<()> {
                 threads,
                 read_only,
                 watch_events: !no_watch_events,
+                host_locks: !local_locks,
             };
             let _status = tether_client::status::StatusServer::start(
                 &mountpoint,

@@ -5,6 +5,7 @@
 
 mod changes;
 pub mod ids;
+mod locks;
 mod nodes;
 mod ops;
 pub mod sys;

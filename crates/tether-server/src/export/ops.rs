@@ -13,6 +13,7 @@ use tether_proto::{
 };
 
 use super::ids::SessionIds;
+use super::locks::LockTable;
 use super::nodes::{Node, NodeTable};
 use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
@@ -38,6 +39,8 @@ pub struct ExportFs {
     pub(super) foreign_writers: DashMap<(u64, u64), ()>,
     /// Ownership as this session's guest sees it.
     pub ids: SessionIds,
+    /// The host descriptions that carry this session's guest locks (locks.rs).
+    pub(super) locks: LockTable,
 }
 
 /// Checks a single path component from the guest.
@@ -121,6 +124,7 @@ impl ExportFs {
             next_handle: AtomicU64::new(1),
             host_events: host_events && watcher.is_some(),
             foreign_writers: DashMap::new(),
+            locks: LockTable::default(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -356,7 +360,7 @@ impl ExportFs {
     }
 
     /// A node the server may open for I/O (see [`check_openable`]).
-    fn openable_node(&self, node: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+    pub(super) fn openable_node(&self, node: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
         let (n, fd) = self.node_fd(node)?;
         check_openable(n.kind)?;
         Ok((n, fd))
@@ -397,7 +401,7 @@ impl ExportFs {
     }
 
     /// Opens the node's inode again through /proc/self/fd with real access flags.
-    fn reopen(&self, fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
+    pub(super) fn reopen(&self, fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
         sys::openat(
             self.export.proc_fd.as_fd(),
             &sys::fd_name(fd.as_fd()),
@@ -449,6 +453,9 @@ impl ExportFs {
         match req {
             Hello(_) | Auth { .. } => Err(WireErrno::EINVAL),
             Ping => Ok(Reply::Empty),
+            Setlk { node, lock } => self.setlk(node, lock),
+            Getlk { node, lock } => self.getlk(node, lock),
+            LockRelease { node, owner } => Ok(self.lock_release(node, owner)),
             Lookup { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
@@ -467,7 +474,12 @@ impl ExportFs {
             }
             Forget { nodes } => {
                 for (id, n) in nodes {
-                    if let (Some(gone), Some(w)) = (self.nodes.forget(id, n), &self.watcher) {
+                    let Some(gone) = self.nodes.forget(id, n) else {
+                        continue;
+                    };
+                    // The guest has no file open on it, so no lock on it either.
+                    self.locks.forget_node(gone.id);
+                    if let Some(w) = &self.watcher {
                         if gone.watched.load(Ordering::Relaxed) {
                             w.unwatch(gone.id);
                         }

@@ -503,3 +503,59 @@ pub fn raise_nofile_limit() -> u64 {
     }
     lim.rlim_cur
 }
+
+/// One byte-range lock as fcntl describes it; `len` 0 runs to the end of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeLock {
+    /// F_RDLCK, F_WRLCK or F_UNLCK.
+    pub typ: i16,
+    pub start: i64,
+    pub len: i64,
+    /// The holder's pid for a conflicting process-owned lock; -1 for an open file
+    /// description's lock.
+    pub pid: i32,
+}
+
+fn flock_struct(l: &RangeLock) -> libc::flock {
+    // SAFETY: libc::flock is plain data; all-zero is a valid value (l_pid must be 0 for
+    // F_OFD_* commands).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = l.typ;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = l.start;
+    fl.l_len = l.len;
+    fl
+}
+
+/// Takes, changes or drops a lock owned by the open file description behind `fd`
+/// (F_OFD_SETLK): never waits; EAGAIN when another owner holds a conflicting lock.
+pub fn ofd_setlk(fd: BorrowedFd<'_>, l: &RangeLock) -> SysResult<()> {
+    let fl = flock_struct(l);
+    // SAFETY: fl is a valid flock structure that outlives the call.
+    match cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) }) {
+        Err(e) if e == WireErrno::EACCES => Err(WireErrno::EAGAIN),
+        r => r.map(|_| ()),
+    }
+}
+
+/// The first lock that conflicts with `l` for the open file description behind `fd`
+/// (F_OFD_GETLK), or None.
+pub fn ofd_getlk(fd: BorrowedFd<'_>, l: &RangeLock) -> SysResult<Option<RangeLock>> {
+    let mut fl = flock_struct(l);
+    // SAFETY: fl is a valid, writable flock structure that outlives the call.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
+    Ok((fl.l_type != libc::F_UNLCK as i16).then_some(RangeLock {
+        typ: fl.l_type,
+        start: fl.l_start,
+        len: fl.l_len,
+        pid: fl.l_pid,
+    }))
+}
+
+/// flock(2) with LOCK_NB: never waits; EAGAIN when another open file description holds a
+/// conflicting lock.
+pub fn flock_nb(fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
+    // SAFETY: flock takes a descriptor and flags only.
+    // (EWOULDBLOCK is EAGAIN on Linux.)
+    cvt(unsafe { libc::flock(fd.as_raw_fd(), op | libc::LOCK_NB) }).map(|_| ())
+}

@@ -1,0 +1,483 @@
+//! Guest locks (flock, POSIX fcntl, OFD) held on the host's files (docs/coherence.md, "Locks").
+//!
+//! The kernel sends SETLK/GETLK for every lock; the server takes each owner's locks on a host
+//! open file description of its own, never waiting (protocol.md §16). This module does the
+//! two things the server cannot:
+//!
+//! - **Waiting.** A blocking request (F_SETLKW, flock without LOCK_NB) that gets EAGAIN is
+//!   tried again after a backoff (1 ms doubling to 20 ms) until it succeeds or the kernel
+//!   interrupts it (a signal reached the caller): then it fails with EINTR.
+//! - **Dropping locks at close.** In no-open mode the kernel sends no RELEASE and Tether
+//!   answers FLUSH with ENOSYS (a FLUSH round trip on every close would cost warm reads
+//!   several times their time), so nothing in FUSE says when a locked file is closed. While
+//!   this guest holds a lock, a fanotify mark on the mount reports every final close with the
+//!   closing process; a close of a locked node by the process that took a lock there drops
+//!   that process's locks on it (LOCK_RELEASE), and locks of processes that no longer exist
+//!   are dropped by a sweep every second. That is POSIX's "closing the file drops the
+//!   process's locks" and flock's "the last close of the open file drops it", except that
+//!   closing one of several descriptors of the same open file does not count (docs).
+//!
+//! All state lives on one thread, fed by a channel: the FUSE handlers, the reply callbacks
+//! and the fanotify reader never touch it, and the thread may block on the mount (opening
+//! its root sends STATFS), which a handler or the RPC reader thread must never do.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
+use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
+
+use crate::fuse_fs::errno;
+use crate::rpc::{Connection, ReplyResult};
+use crate::writeback::MountDir;
+
+/// First and longest wait between two tries of a blocking lock.
+const FIRST_BACKOFF: Duration = Duration::from_millis(1);
+const MAX_BACKOFF: Duration = Duration::from_millis(20);
+/// How often locks of processes that have exited are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long an interrupt for a request not (yet) known here is remembered.
+const INTERRUPT_MEMORY: Duration = Duration::from_secs(5);
+
+/// One lock request as the FUSE handler got it.
+pub struct LockRequest {
+    pub unique: u64,
+    pub who: Caller,
+    pub node: NodeId,
+    pub lock: LockSpec,
+    /// The process (thread group) the kernel says takes the lock.
+    pub tgid: u32,
+    pub wait: bool,
+}
+
+enum Cmd {
+    /// The server granted `req`: remember who holds what, then answer the kernel.
+    Granted(LockRequest, ReplyEmpty),
+    /// The server said EAGAIN to a blocking request: try again later.
+    Wait(LockRequest, ReplyEmpty, Duration),
+    /// A retry's answer came back.
+    Retried(LockRequest, ReplyEmpty, Duration, ReplyResult),
+    Interrupt(u64),
+    /// Process `pid` closed a file of node `node` for the last time.
+    Closed {
+        node: NodeId,
+        pid: u32,
+    },
+    /// The kernel forgot the node: no file is open on it and the server dropped its locks.
+    Forgotten(NodeId),
+}
+
+/// A lock owner that holds (or held) something on a node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Holder {
+    owner: u64,
+    tgid: u32,
+}
+
+/// The handle the FUSE adapter uses; cheap to clone.
+#[derive(Clone)]
+pub struct Locks {
+    tx: Sender<Cmd>,
+    conn: Arc<Connection>,
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+impl Locks {
+    /// Starts the lock thread for the mount at `dir`.
+    pub fn start(conn: Arc<Connection>, dir: Arc<MountDir>) -> io::Result<Locks> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let notifier = Arc::new(OnceLock::new());
+        let state = LockThread {
+            conn: conn.clone(),
+            dir,
+            notifier: notifier.clone(),
+            tx: tx.clone(),
+            held: HashMap::new(),
+            waiting: BTreeMap::new(),
+            in_flight: HashMap::new(),
+            interrupted: HashMap::new(),
+            watch: None,
+            last_sweep: Instant::now(),
+        };
+        std::thread::Builder::new()
+            .name("tether-locks".into())
+            .spawn(move || state.run(rx))?;
+        Ok(Locks { tx, conn, notifier })
+    }
+
+    /// The session's notifier, once the session exists: granted locks revalidate the cache.
+    pub fn set_notifier(&self, notifier: Notifier) {
+        let _ = self.notifier.set(notifier);
+    }
+
+    /// SETLK/SETLKW from the kernel.
+    pub fn set(&self, req: LockRequest, reply: ReplyEmpty) {
+        let tx = self.tx.clone();
+        let msg = Request::Setlk {
+            node: req.node,
+            lock: req.lock,
+        };
+        let who = req.who;
+        self.conn.call(who, &msg, move |res: ReplyResult| {
+            first_answer(&tx, req, reply, res)
+        });
+    }
+
+    pub fn interrupt(&self, unique: u64) {
+        let _ = self.tx.send(Cmd::Interrupt(unique));
+    }
+
+    pub fn forgotten(&self, node: NodeId) {
+        let _ = self.tx.send(Cmd::Forgotten(node));
+    }
+}
+
+/// What to do with the server's first answer to a SETLK (runs on the RPC reader thread, so it
+/// only hands work on).
+fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: ReplyResult) {
+    match res {
+        Ok(Reply::Empty) if req.lock.typ == lock_type::UNLOCK => reply.ok(),
+        Ok(Reply::Empty) => {
+            if let Err(e) = tx.send(Cmd::Granted(req, reply)) {
+                // The lock thread is gone (unmounting): the lock is held all the same.
+                if let Cmd::Granted(_, reply) = e.into_inner() {
+                    reply.ok();
+                }
+            }
+        }
+        Ok(_) => reply.error(Errno::EIO),
+        Err(WireErrno::EAGAIN) if req.wait => {
+            if let Err(e) = tx.send(Cmd::Wait(req, reply, FIRST_BACKOFF)) {
+                if let Cmd::Wait(_, reply, _) = e.into_inner() {
+                    reply.error(Errno::EINTR);
+                }
+            }
+        }
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+struct LockThread {
+    conn: Arc<Connection>,
+    dir: Arc<MountDir>,
+    notifier: Arc<OnceLock<Notifier>>,
+    tx: Sender<Cmd>,
+    /// Who may hold locks on which node (owners are added when the server grants a lock and
+    /// removed when their file is closed).
+    held: HashMap<NodeId, Vec<Holder>>,
+    /// Blocking requests waiting for their next try, by when it is due.
+    waiting: BTreeMap<(Instant, u64), (LockRequest, ReplyEmpty, Duration)>,
+    /// Blocking requests whose retry is at the server now: true once interrupted.
+    in_flight: HashMap<u64, bool>,
+    /// Interrupts for requests not known here (yet), with when they came.
+    interrupted: HashMap<u64, Instant>,
+    /// The fanotify group and its reader, present while something is held.
+    watch: Option<CloseWatch>,
+    last_sweep: Instant,
+}
+
+impl LockThread {
+    fn run(mut self, rx: Receiver<Cmd>) {
+        loop {
+            let now = Instant::now();
+            let next_retry = self.waiting.keys().next().map(|(at, _)| *at);
+            let timeout = next_retry
+                .map(|at| at.saturating_duration_since(now))
+                .unwrap_or(SWEEP_EVERY)
+                .min(SWEEP_EVERY);
+            match rx.recv_timeout(timeout) {
+                Ok(cmd) => self.handle(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            self.retry_due();
+            if self.last_sweep.elapsed() >= SWEEP_EVERY {
+                self.last_sweep = Instant::now();
+                self.sweep_exited();
+                let cutoff = Instant::now() - INTERRUPT_MEMORY;
+                self.interrupted.retain(|_, at| *at > cutoff);
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Granted(req, reply) => {
+                self.hold(&req);
+                self.revalidate(req.node);
+                reply.ok();
+            }
+            Cmd::Wait(req, reply, backoff) => {
+                if self.interrupted.remove(&req.unique).is_some() {
+                    reply.error(Errno::EINTR);
+                    return;
+                }
+                let due = Instant::now() + backoff;
+                self.waiting
+                    .insert((due, req.unique), (req, reply, backoff));
+            }
+            Cmd::Retried(req, reply, backoff, res) => {
+                let interrupted = self.in_flight.remove(&req.unique).unwrap_or(false);
+                match res {
+                    Ok(Reply::Empty) => {
+                        // Granted, even if a signal came meanwhile: the call succeeded first.
+                        self.hold(&req);
+                        self.revalidate(req.node);
+                        reply.ok();
+                    }
+                    Err(WireErrno::EAGAIN) if interrupted => reply.error(Errno::EINTR),
+                    Err(WireErrno::EAGAIN) => {
+                        let next = (backoff * 2).min(MAX_BACKOFF);
+                        self.waiting
+                            .insert((Instant::now() + next, req.unique), (req, reply, next));
+                    }
+                    Ok(_) => reply.error(Errno::EIO),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Cmd::Interrupt(unique) => {
+                if let Some(flag) = self.in_flight.get_mut(&unique) {
+                    *flag = true;
+                    return;
+                }
+                let key = self.waiting.keys().find(|(_, u)| *u == unique).copied();
+                match key.and_then(|k| self.waiting.remove(&k)) {
+                    Some((_, reply, _)) => reply.error(Errno::EINTR),
+                    // Not known yet (its first try is at the server) or not a lock at all.
+                    None => {
+                        self.interrupted.insert(unique, Instant::now());
+                    }
+                }
+            }
+            Cmd::Closed { node, pid } => {
+                if let Some(holders) = self.held.get(&node) {
+                    let gone: Vec<Holder> = holders
+                        .iter()
+                        .filter(|h| h.tgid == pid || !process_exists(h.tgid))
+                        .copied()
+                        .collect();
+                    for h in gone {
+                        self.release(node, h);
+                    }
+                }
+            }
+            Cmd::Forgotten(node) => {
+                self.held.remove(&node);
+                self.unwatch_if_idle();
+            }
+        }
+    }
+
+    /// Sends every blocking request whose wait is over to the server again.
+    fn retry_due(&mut self) {
+        let now = Instant::now();
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (req, reply, backoff) = entry.remove();
+            self.in_flight.insert(req.unique, false);
+            let tx = self.tx.clone();
+            let msg = Request::Setlk {
+                node: req.node,
+                lock: req.lock,
+            };
+            self.conn.call(req.who, &msg, move |res: ReplyResult| {
+                if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
+                    if let Cmd::Retried(_, reply, _, _) = e.into_inner() {
+                        reply.error(Errno::EINTR);
+                    }
+                }
+            });
+        }
+    }
+
+    /// Records that `req`'s owner holds a lock on its node; watches closes from now on.
+    fn hold(&mut self, req: &LockRequest) {
+        let h = Holder {
+            owner: req.lock.owner,
+            tgid: req.tgid,
+        };
+        let holders = self.held.entry(req.node).or_default();
+        if !holders.contains(&h) {
+            holders.push(h);
+        }
+        if self.watch.is_none() {
+            // Before the kernel hears "granted": a close right after it must be seen.
+            self.watch = CloseWatch::start(&self.dir, self.tx.clone())
+                .map_err(|e| {
+                    tracing::warn!(
+                        "cannot watch closes of locked files ({e}): their locks are dropped \
+                         when the process exits or unlocks"
+                    )
+                })
+                .ok();
+        }
+    }
+
+    /// Drops the kernel's pages and attributes of a node just locked, before the locker hears
+    /// "granted": whoever held the lock before (on the host, in another guest) may have
+    /// written the file a moment ago, and the watcher's invalidation for that may still be
+    /// on its way. Lock, then read, sees their writes: what databases (SQLite's rollback
+    /// journal) and tools that lock a file to update it rely on. Here, not on a FUSE worker:
+    /// invalidating may wait for a read in progress on the same file.
+    fn revalidate(&self, node: NodeId) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(node), 0, 0);
+        }
+    }
+
+    fn release(&mut self, node: NodeId, h: Holder) {
+        let msg = Request::LockRelease {
+            node,
+            owner: h.owner,
+        };
+        self.conn
+            .call(Caller::default(), &msg, |_res: ReplyResult| {});
+        if let Some(holders) = self.held.get_mut(&node) {
+            holders.retain(|x| *x != h);
+            if holders.is_empty() {
+                self.held.remove(&node);
+            }
+        }
+        self.unwatch_if_idle();
+    }
+
+    /// Drops the locks of processes that exited without a close this thread saw (their last
+    /// descriptor was closed by another process, or the event was lost).
+    fn sweep_exited(&mut self) {
+        let gone: Vec<(NodeId, Holder)> = self
+            .held
+            .iter()
+            .flat_map(|(n, hs)| hs.iter().map(move |h| (*n, *h)))
+            .filter(|(_, h)| !process_exists(h.tgid))
+            .collect();
+        for (node, h) in gone {
+            self.release(node, h);
+        }
+    }
+
+    fn unwatch_if_idle(&mut self) {
+        if self.held.is_empty() {
+            // Dropping the group removes its mark: closes cost nothing again.
+            self.watch = None;
+        }
+    }
+}
+
+fn process_exists(tgid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let alive = unsafe { libc::kill(tgid as libc::pid_t, 0) } == 0;
+    alive || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// A fanotify group reporting every final close on the mount, and the thread reading it.
+struct CloseWatch {
+    /// Held for its life: dropping it closes the group, which removes the mark.
+    _group: Arc<OwnedFd>,
+}
+
+impl CloseWatch {
+    fn start(dir: &MountDir, tx: Sender<Cmd>) -> io::Result<CloseWatch> {
+        // SAFETY: plain syscall; the result is checked and owned below.
+        let fd = unsafe {
+            libc::fanotify_init(
+                libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC,
+                (libc::O_RDONLY | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let group = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let marked = dir
+            .with(|root| mark_filesystem(group.as_raw_fd(), root))
+            .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ENOTCONN)));
+        marked?;
+        let reader = Arc::downgrade(&group);
+        std::thread::Builder::new()
+            .name("tether-lock-close".into())
+            .spawn(move || read_closes(reader, tx))?;
+        Ok(CloseWatch { _group: group })
+    }
+}
+
+fn mark_filesystem(group: i32, root: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a null path marks the object `root` refers to.
+    let r = unsafe {
+        libc::fanotify_mark(
+            group,
+            libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+            libc::FAN_CLOSE_WRITE | libc::FAN_CLOSE_NOWRITE,
+            root.as_raw_fd(),
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads close events until the group is dropped; each names the node (its st_ino) and the
+/// closing process.
+fn read_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let meta_len = std::mem::size_of::<libc::fanotify_event_metadata>();
+    loop {
+        let Some(fd) = group.upgrade() else { return };
+        // Poll with a timeout so that a dropped group ends this thread.
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 200) };
+        if ready <= 0 {
+            continue;
+        }
+        // SAFETY: buf is writable for its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        drop(fd);
+        if n <= 0 {
+            continue;
+        }
+        let mut at = 0usize;
+        while at + meta_len <= n as usize {
+            // SAFETY: at least meta_len bytes of the kernel's event are in buf at `at`.
+            let m: libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+            if (m.event_len as usize) < meta_len {
+                break;
+            }
+            at += m.event_len as usize;
+            if m.fd < 0 {
+                continue;
+            }
+            // SAFETY: the kernel opened this descriptor for us; we own it.
+            let file = unsafe { OwnedFd::from_raw_fd(m.fd) };
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: a valid descriptor and a stat buffer.
+            if unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+                continue;
+            }
+            // SAFETY: fstat succeeded.
+            let node = unsafe { st.assume_init() }.st_ino;
+            if tx
+                .send(Cmd::Closed {
+                    node,
+                    pid: m.pid as u32,
+                })
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Locks through the mount are real locks on the host's file: flock, POSIX (F_SETLK,
+//! F_SETLKW, F_GETLK, byte ranges) and OFD locks taken in a guest exclude processes on the
+//! host and in a second mount of the same export, blocking waits can be interrupted, and a
+//! close or an exit drops them. SQLite written from two mounts and the host stays intact.
+//!
+//! Locks are per process, so every locker here is a process of its own (tests/locks/lock.py,
+//! sqlite.py): a lock taken by this test process would never conflict with itself.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Mount, TestMount};
+
+const LOCK_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/lock.py");
+const SQLITE_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/sqlite.py");
+const NO_TIMEOUT: &[&str] = &[];
+
+fn python() -> Option<&'static str> {
+    ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import fcntl, sqlite3"])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+macro_rules! require_python {
+    () => {
+        match python() {
+            Some(p) => p,
+            None => {
+                eprintln!("SKIPPED: python3 with fcntl and sqlite3 is not installed");
+                return;
+            }
+        }
+    };
+}
+
+/// A one-shot lock attempt: "got", "busy", "eintr" or GETLK's answer.
+fn lock_once(py: &str, args: &[&str], path: &Path) -> String {
+    let out = Command::new(py)
+        .arg(LOCK_PY)
+        .args(&args[..2])
+        .arg(path)
+        .args(&args[2..])
+        .output()
+        .expect("run lock.py");
+    assert!(
+        out.status.success(),
+        "lock.py {args:?} {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A process holding a lock until told to let go (or killed).
+struct Holder {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Holder {
+    /// `lock.py hold KIND PATH [START LEN]`: returns once the lock is held.
+    fn take(py: &str, kind: &str, path: &Path, range: &[&str]) -> Holder {
+        let mut child = Command::new(py)
+            .arg(LOCK_PY)
+            .args(["hold", kind])
+            .arg(path)
+            .args(range)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run lock.py hold");
+        let stdin = child.stdin.take();
+        let mut h = Holder {
+            stdout: BufReader::new(child.stdout.take().unwrap()),
+            child,
+            stdin,
+        };
+        assert_eq!(h.next_line(), "held");
+        h
+    }
+
+    fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    /// Tells the holder to close its descriptor but stay alive.
+    fn close_file(&mut self) {
+        writeln!(self.stdin.as_mut().unwrap(), "close").unwrap();
+        assert_eq!(self.next_line(), "closed");
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `try_it` until it says "got" (a lock was released), for up to `within`.
+fn eventually_got(within: Duration, mut try_it: impl FnMut() -> String) -> Duration {
+    let start = Instant::now();
+    loop {
+        let r = try_it();
+        if r == "got" {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < within, "still {r} after {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The export mounted twice, plus one file to lock. Field order matters: the second mount
+/// goes before the server stops.
+struct TwoMounts {
+    other: Mount,
+    t: TestMount,
+    file: &'static str,
+}
+
+impl TwoMounts {
+    fn start(mount_args: &[&str]) -> TwoMounts {
+        Self::start_with(mount_args, mount_args)
+    }
+
+    fn start_with(mount_args: &[&str], other_args: &[&str]) -> TwoMounts {
+        let t = TestMount::start_with(&[], mount_args);
+        let other_dir = t.dir.path().join("mnt2");
+        std::fs::create_dir(&other_dir).unwrap();
+        let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+        let other = Mount::start(&address, &other_dir, other_args);
+        std::fs::write(t.export.join("f"), vec![b'x'; 4096]).unwrap();
+        TwoMounts {
+            t,
+            other,
+            file: "f",
+        }
+    }
+    fn guest(&self) -> PathBuf {
+        self.t.mnt.join(self.file)
+    }
+    fn other_guest(&self) -> PathBuf {
+        self.other.path.join(self.file)
+    }
+    fn host(&self) -> PathBuf {
+        self.t.export.join(self.file)
+    }
+}
+
+#[test]
+fn posix_byte_range_locks_exclude_the_host_and_another_mount() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    let mut h = Holder::take(py, "posix", &m.guest(), &["0", "10"]);
+    assert_eq!(
+        lock_once(py, &["try", "posix", "5", "1"], &m.host()),
+        "busy"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "posix", "0", "1"], &m.other_guest()),
+        "busy"
+    );
+    // OFD and POSIX locks conflict with each other, on the host and in a guest.
+    assert_eq!(lock_once(py, &["try", "ofd", "9", "1"], &m.host()), "busy");
+    assert_eq!(
+        lock_once(py, &["try", "ofd", "9", "1"], &m.other_guest()),
+        "busy"
+    );
+    // Outside the range: free everywhere; flock is independent of POSIX locks (Linux).
+    assert_eq!(
+        lock_once(py, &["try", "posix", "10", "5"], &m.host()),
+        "got"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "posix", "10", "0"], &m.other_guest()),
+        "got"
+    );
+    assert_eq!(lock_once(py, &["try", "flock"], &m.other_guest()), "got");
+    // Another process of the same guest is excluded too.
+    assert_eq!(
+        lock_once(py, &["try", "posix", "3", "2"], &m.guest()),
+        "busy"
+    );
+    // F_GETLK reports the conflicting lock and its range.
+    assert_eq!(
+        lock_once(py, &["getlk", "posix", "0", "0"], &m.other_guest()),
+        "write 0 10"
+    );
+    assert_eq!(
+        lock_once(py, &["getlk", "posix", "10", "0"], &m.other_guest()),
+        "unlocked"
+    );
+    h.kill();
+    eventually_got(Duration::from_secs(5), || {
+        lock_once(py, &["try", "posix", "0", "0"], &m.host())
+    });
+}
+
+#[test]
+fn flock_and_ofd_locks_exclude_the_host_and_another_mount() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    let mut h = Holder::take(py, "flock", &m.guest(), &[]);
+    assert_eq!(lock_once(py, &["try", "flock"], &m.host()), "busy");
+    assert_eq!(lock_once(py, &["try", "flock"], &m.other_guest()), "busy");
+    assert_eq!(lock_once(py, &["try", "flock"], &m.guest()), "busy");
+    h.kill();
+    eventually_got(Duration::from_secs(5), || {
+        lock_once(py, &["try", "flock"], &m.host())
+    });
+
+    let mut h = Holder::take(py, "ofd", &m.other_guest(), &["100", "0"]);
+    assert_eq!(
+        lock_once(py, &["try", "posix", "200", "1"], &m.host()),
+        "busy"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "ofd", "100", "1"], &m.guest()),
+        "busy"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "ofd", "0", "100"], &m.guest()),
+        "got"
+    );
+    assert_eq!(
+        lock_once(py, &["getlk", "ofd", "0", "0"], &m.guest()),
+        "write 100 0"
+    );
+    h.kill();
+    eventually_got(Duration::from_secs(5), || {
+        lock_once(py, &["try", "ofd", "0", "0"], &m.host())
+    });
+}
+
+#[test]
+fn a_guest_respects_a_lock_held_on_the_host_and_waits_for_it() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    for kind in ["posix", "flock", "ofd"] {
+        let mut h = Holder::take(py, kind, &m.host(), &[]);
+        assert_eq!(lock_once(py, &["try", kind], &m.guest()), "busy", "{kind}");
+        // A blocking lock waits until the host lets go, and not forever.
+        let waiter = {
+            let (py, path, kind) = (py.to_string(), m.guest(), kind.to_string());
+            std::thread::spawn(move || lock_once(&py, &["wait", &kind], &path))
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!waiter.is_finished(), "{kind}: did not wait for the host");
+        h.kill();
+        assert_eq!(waiter.join().unwrap(), "got", "{kind}");
+    }
+}
+
+#[test]
+fn a_signal_interrupts_a_blocked_lock() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    for kind in ["posix", "flock", "ofd"] {
+        let _h = Holder::take(py, kind, &m.other_guest(), &[]);
+        // lock.py's SIGALRM fires after 0.5 s; the lock is never free.
+        let start = Instant::now();
+        assert_eq!(
+            lock_once(py, &["intr", kind], &m.guest()),
+            "eintr",
+            "{kind}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5), "{kind}");
+    }
+}
+
+#[test]
+fn closing_the_file_or_exiting_drops_the_lock() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    for kind in ["posix", "flock", "ofd"] {
+        let mut h = Holder::take(py, kind, &m.guest(), &[]);
+        assert_eq!(lock_once(py, &["try", kind], &m.host()), "busy", "{kind}");
+        // The process lives on; its (only) descriptor is closed.
+        h.close_file();
+        eventually_got(Duration::from_secs(3), || {
+            lock_once(py, &["try", kind], &m.host())
+        });
+    }
+    // A process killed while holding a lock.
+    let mut h = Holder::take(py, "posix", &m.guest(), &[]);
+    h.kill();
+    eventually_got(Duration::from_secs(5), || {
+        lock_once(py, &["try", "posix"], &m.other_guest())
+    });
+}
+
+#[test]
+fn local_locks_stay_in_the_guest() {
+    require_mount!();
+    let py = require_python!();
+    let t = TestMount::start_with(&[], &["--local-locks"]);
+    std::fs::write(t.export.join("f"), b"x").unwrap();
+    let _h = Holder::take(py, "posix", &t.mnt.join("f"), &[]);
+    // The guest's kernel still locks between its own processes; the host does not see it.
+    assert_eq!(lock_once(py, &["try", "posix"], &t.mnt.join("f")), "busy");
+    assert_eq!(lock_once(py, &["try", "posix"], &t.export.join("f")), "got");
+}
+
+/// Runs `sqlite.py` workers on `dbs` (one path per worker, each naming the same database
+/// through a mount or on the host) and checks the bank's invariant.
+fn sqlite_bank(py: &str, journal: &str, dbs: &[PathBuf], host_db: &Path, txns: u32) {
+    let run = |args: &[&str], db: &Path| {
+        Command::new(py)
+            .arg(SQLITE_PY)
+            .arg(args[0])
+            .arg(db)
+            .args(&args[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run sqlite.py")
+    };
+    let init = run(&["init", journal], &dbs[0]).wait_with_output().unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let txns = txns.to_string();
+    let workers: Vec<Child> = dbs
+        .iter()
+        .enumerate()
+        .map(|(i, db)| run(&["work", &i.to_string(), &txns], db))
+        .collect();
+    for (i, w) in workers.into_iter().enumerate() {
+        let out = w.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "worker {i} on {}: {}{}",
+            dbs[i].display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let check = run(&["check", &dbs.len().to_string(), &txns], host_db)
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
+    require_mount!();
+    let py = require_python!();
+    // The second mount hears of no change (no pushed invalidations; it looks names and
+    // attributes up every time but keeps a file's pages while it is open): only the
+    // revalidation when a lock is granted keeps its page cache in step with the writers.
+    let m = TwoMounts::start_with(NO_TIMEOUT, &["--no-push", "--attr-timeout", "0"]);
+    let dbs: Vec<PathBuf> = [&m.t.mnt, &m.other.path, &m.t.export]
+        .iter()
+        .flat_map(|d| [d.join("bank.db"), d.join("bank.db")])
+        .collect();
+    sqlite_bank(py, "delete", &dbs, &m.t.export.join("bank.db"), 300);
+}
+
+#[test]
+fn sqlite_wal_from_several_processes_of_one_mount_stays_consistent() {
+    require_mount!();
+    let py = require_python!();
+    let t = TestMount::start();
+    let db = t.mnt.join("bank.db");
+    sqlite_bank(py, "wal", &vec![db; 4], &t.mnt.join("bank.db"), 150);
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""One locker process for tests/locks.rs.
+
+lock.py MODE KIND PATH [START LEN]
+  MODE  try    take the lock without waiting: prints "got" or "busy"
+        wait   take it, waiting as long as it takes: prints "got"
+        intr   take it, waiting, with SIGALRM after 0.5 s: prints "eintr" or "got"
+        hold   take it (waiting), print "held", then on each stdin line "close" close
+               the file and print "closed"; exits at end of input
+        getlk  F_GETLK / F_OFD_GETLK for a write lock: prints "unlocked" or
+               "read|write START LEN" of the conflicting lock
+  KIND  posix (fcntl F_SETLK), ofd (F_OFD_SETLK) or flock
+  START LEN  the byte range (default 0 0: the whole file); ignored for flock
+"""
+import fcntl
+import os
+import signal
+import struct
+import sys
+
+mode, kind, path = sys.argv[1:4]
+start, length = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (0, 0)
+fd = os.open(path, os.O_RDWR)
+
+# struct flock on Linux x86-64/arm64: short type, short whence, off_t start, off_t len,
+# pid_t pid (OFD locks need pid 0), padded to 32 bytes.
+def flock_struct(typ):
+    return struct.pack("hhqqi4x", typ, os.SEEK_SET, start, length, 0)
+
+def lock(wait):
+    if kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        return
+    if kind == "posix":
+        cmd = fcntl.F_SETLKW if wait else fcntl.F_SETLK
+    else:
+        cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+    fcntl.fcntl(fd, cmd, flock_struct(fcntl.F_WRLCK))
+
+def on_alarm(*_):
+    # Raising makes the interrupted call fail with EINTR instead of Python retrying it.
+    raise InterruptedError(4, "interrupted")
+
+if mode == "try":
+    try:
+        lock(False)
+        print("got")
+    except (BlockingIOError, PermissionError):
+        print("busy")
+elif mode == "wait":
+    lock(True)
+    print("got")
+elif mode == "intr":
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        lock(True)
+        print("got")
+    except InterruptedError:
+        print("eintr")
+elif mode == "hold":
+    lock(True)
+    print("held", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "close":
+            os.close(fd)
+            print("closed", flush=True)
+elif mode == "getlk":
+    cmd = fcntl.F_GETLK if kind == "posix" else fcntl.F_OFD_GETLK
+    res = fcntl.fcntl(fd, cmd, flock_struct(fcntl.F_WRLCK))
+    typ, _, s, n, _ = struct.unpack("hhqqi4x", res)
+    names = {fcntl.F_UNLCK: "unlocked", fcntl.F_RDLCK: "read", fcntl.F_WRLCK: "write"}
+    print(names[typ] if typ == fcntl.F_UNLCK else "%s %d %d" % (names[typ], s, n))
+else:
+    sys.exit("unknown mode " + mode)
