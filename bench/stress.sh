@@ -17,7 +17,6 @@
 #   --each        one stress-ng run per stressor, one after another, checking the mount
 #                 after each and printing a verdict per stressor (triage); the default is
 #                 one run of all the stressors at once
-#   --locks       add the lock stressors (flock lockf fcntl lease locka lockofd)
 #   --native      run in a fresh directory under /tmp instead of a mount (comparison)
 #   --list        print the default, lock and excluded stressors and exit
 #
@@ -31,10 +30,8 @@ set -uo pipefail
 DEFAULT=(access chattr chdir chmod chown copy-file dentry dir dirdeep dirmany dnotify dup
   fallocate fanotify fiemap fifo file-ioctl filename fpunch fsize fstat getdent hdd
   inode-flags inotify iomix ioprio link mknod open rename symlink sync-file touch utime
-  verity xattr aio aiol readahead revio seek sendfile mmap msync msyncmany madvise mincore)
-# Tether does not implement locks yet: with no LOCK support in FUSE INIT the kernel keeps
-# POSIX and flock locks local to the guest. Run with --locks; reported, not counted.
-LOCKS=(flock lockf fcntl lease locka lockofd)
+  verity xattr aio aiol readahead revio seek sendfile mmap msync msyncmany madvise mincore
+  flock lockf fcntl lease locka lockofd)
 EXCLUDED_WHY="bind-mount (pathological: bind-mounts /; not the file system under test)
 binderfs (mounts binderfs; not the file system under test)
 procfs eventfd io splice handle mmapfork (never touch --temp-path)
@@ -42,7 +39,7 @@ io-uring (fails on a native ext4 directory on this kernel: IORING_OP_STATX gets 
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-TIME=60s WORKERS=2 THREADS= EACH=0 NATIVE=0 WITH_LOCKS=0
+TIME=60s WORKERS=2 THREADS= EACH=0 NATIVE=0
 STRESSORS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,11 +47,9 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS=$2; shift ;;
     --threads) THREADS=$2; shift ;;
     --each) EACH=1 ;;
-    --locks) WITH_LOCKS=1 ;;
     --native) NATIVE=1 ;;
     --list)
       echo "default: ${DEFAULT[*]}"
-      echo "locks (--locks): ${LOCKS[*]}"
       echo "excluded:"; echo "$EXCLUDED_WHY" | sed 's/^/  /'
       exit 0 ;;
     -h|--help) usage ;;
@@ -64,7 +59,6 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ ${#STRESSORS[@]} -eq 0 ] && STRESSORS=("${DEFAULT[@]}")
-[ "$WITH_LOCKS" = 1 ] && STRESSORS+=("${LOCKS[@]}")
 command -v stress-ng >/dev/null || { echo "stress-ng is missing: apt-get install stress-ng" >&2; exit 2; }
 
 seconds() { # 20s, 10m, 1h, 90 -> seconds
