@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -84,6 +84,7 @@ pub struct Locks {
     tx: Sender<Cmd>,
     conn: Arc<Connection>,
     notifier: Arc<OnceLock<Notifier>>,
+    granted: Arc<HeldLocks>,
 }
 
 impl Locks {
@@ -91,10 +92,12 @@ impl Locks {
     pub fn start(conn: Arc<Connection>, dir: Arc<MountDir>) -> io::Result<Locks> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let notifier = Arc::new(OnceLock::new());
+        let granted = Arc::new(HeldLocks::default());
         let state = LockThread {
             conn: conn.clone(),
             dir,
             notifier: notifier.clone(),
+            granted: granted.clone(),
             tx: tx.clone(),
             held: HashMap::new(),
             waiting: BTreeMap::new(),
@@ -106,7 +109,17 @@ impl Locks {
         std::thread::Builder::new()
             .name("tether-locks".into())
             .spawn(move || state.run(rx))?;
-        Ok(Locks { tx, conn, notifier })
+        Ok(Locks {
+            tx,
+            conn,
+            notifier,
+            granted,
+        })
+    }
+
+    /// What the server has granted, for a reconnect to take again.
+    pub fn held(&self) -> Arc<HeldLocks> {
+        self.granted.clone()
     }
 
     /// The session's notifier, once the session exists: granted locks revalidate the cache.
@@ -116,13 +129,17 @@ impl Locks {
 
     /// SETLK/SETLKW from the kernel.
     pub fn set(&self, req: LockRequest, reply: ReplyEmpty) {
-        let tx = self.tx.clone();
+        let (tx, granted) = (self.tx.clone(), self.granted.clone());
         let msg = Request::Setlk {
             node: req.node,
             lock: req.lock,
         };
         let who = req.who;
         self.conn.call(who, &msg, move |res: ReplyResult| {
+            if matches!(res, Ok(Reply::Empty)) {
+                // Here, on the reader thread: in the order the server granted them.
+                granted.granted(req.node, &req.lock);
+            }
             first_answer(&tx, req, reply, res)
         });
     }
@@ -165,6 +182,7 @@ struct LockThread {
     conn: Arc<Connection>,
     dir: Arc<MountDir>,
     notifier: Arc<OnceLock<Notifier>>,
+    granted: Arc<HeldLocks>,
     tx: Sender<Cmd>,
     /// Who may hold locks on which node (owners are added when the server grants a lock and
     /// removed when their file is closed).
@@ -225,6 +243,7 @@ impl LockThread {
                 match res {
                     Ok(Reply::Empty) => {
                         // Granted, even if a signal came meanwhile: the call succeeded first.
+                        self.granted.granted(req.node, &req.lock);
                         self.hold(&req);
                         self.revalidate(req.node);
                         reply.ok();
@@ -267,6 +286,7 @@ impl LockThread {
             }
             Cmd::Forgotten(node) => {
                 self.held.remove(&node);
+                self.granted.forget_node(node);
                 self.unwatch_if_idle();
             }
         }
@@ -338,6 +358,7 @@ impl LockThread {
         };
         self.conn
             .call(Caller::default(), &msg, |_res: ReplyResult| {});
+        self.granted.released(node, h.owner);
         if let Some(holders) = self.held.get_mut(&node) {
             holders.retain(|x| *x != h);
             if holders.is_empty() {
@@ -366,6 +387,96 @@ impl LockThread {
             // Dropping the group removes its mark: closes cost nothing again.
             self.watch = None;
         }
+    }
+}
+
+/// The locks the server has granted this guest, per (node, owner): the POSIX/OFD ranges as
+/// the host keeps them (a new lock replaces the owner's overlapping ranges) and the flock
+/// mode. A new session holds no lock, so a reconnect takes these again (restore.rs).
+#[derive(Default)]
+pub struct HeldLocks {
+    owners: Mutex<HashMap<(NodeId, u64), OwnerLocks>>,
+}
+
+#[derive(Default)]
+struct OwnerLocks {
+    /// flock mode (READ or WRITE), if held.
+    flock: Option<u8>,
+    /// POSIX/OFD locks: start -> (inclusive end, READ or WRITE), non-overlapping.
+    ranges: BTreeMap<u64, (u64, u8)>,
+}
+
+impl OwnerLocks {
+    fn is_empty(&self) -> bool {
+        self.flock.is_none() && self.ranges.is_empty()
+    }
+
+    /// Sets `start..=end` to `typ` (UNLOCK: to nothing), keeping what lies outside it of
+    /// the ranges it overlaps.
+    fn set_range(&mut self, start: u64, end: u64, typ: u8) {
+        let overlapping: Vec<(u64, u64, u8)> = (self.ranges.range(..=end))
+            .filter(|(_, (e, _))| *e >= start)
+            .map(|(s, (e, t))| (*s, *e, *t))
+            .collect();
+        for (s, e, t) in overlapping {
+            self.ranges.remove(&s);
+            if s < start {
+                self.ranges.insert(s, (start - 1, t));
+            }
+            if e > end {
+                self.ranges.insert(end + 1, (e, t));
+            }
+        }
+        if typ != lock_type::UNLOCK {
+            self.ranges.insert(start, (end, typ));
+        }
+    }
+}
+
+impl HeldLocks {
+    /// The server granted `lock` (a lock or an unlock) on `node`.
+    pub fn granted(&self, node: NodeId, lock: &LockSpec) {
+        let mut owners = self.owners.lock().unwrap();
+        let o = owners.entry((node, lock.owner)).or_default();
+        if lock.flock {
+            o.flock = (lock.typ != lock_type::UNLOCK).then_some(lock.typ);
+        } else {
+            o.set_range(lock.start, lock.end, lock.typ);
+        }
+        if o.is_empty() {
+            owners.remove(&(node, lock.owner));
+        }
+    }
+
+    /// `owner`'s locks on `node` were dropped (LOCK_RELEASE, or lost).
+    pub fn released(&self, node: NodeId, owner: u64) {
+        self.owners.lock().unwrap().remove(&(node, owner));
+    }
+
+    fn forget_node(&self, node: NodeId) {
+        self.owners.lock().unwrap().retain(|(n, _), _| *n != node);
+    }
+
+    /// Every lock held, as the SETLKs that take it again.
+    pub fn all(&self) -> Vec<(NodeId, LockSpec)> {
+        let owners = self.owners.lock().unwrap();
+        let mut out = Vec::new();
+        for ((node, owner), o) in owners.iter() {
+            let spec = |flock, typ, start, end| LockSpec {
+                owner: *owner,
+                flock,
+                typ,
+                start,
+                end,
+            };
+            if let Some(t) = o.flock {
+                out.push((*node, spec(true, t, 0, u64::MAX)));
+            }
+            for (s, (e, t)) in &o.ranges {
+                out.push((*node, spec(false, *t, *s, *e)));
+            }
+        }
+        out
     }
 }
 
@@ -479,5 +590,71 @@ fn read_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(owner: u64, typ: u8, start: u64, end: u64) -> LockSpec {
+        LockSpec {
+            owner,
+            flock: false,
+            typ,
+            start,
+            end,
+        }
+    }
+
+    fn ranges(h: &HeldLocks) -> Vec<(u64, u8, u64, u64)> {
+        let mut v: Vec<_> = (h.all().into_iter())
+            .map(|(_, l)| (l.owner, l.typ, l.start, l.end))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_new_range_replaces_the_owners_overlapping_ranges() {
+        use lock_type::{READ, UNLOCK, WRITE};
+        let h = HeldLocks::default();
+        h.granted(1, &lock(7, WRITE, 0, 99));
+        h.granted(1, &lock(7, READ, 10, 19));
+        h.granted(1, &lock(8, READ, 50, u64::MAX));
+        assert_eq!(
+            ranges(&h),
+            [
+                (7, READ, 10, 19),
+                (7, WRITE, 0, 9),
+                (7, WRITE, 20, 99),
+                (8, READ, 50, u64::MAX)
+            ]
+        );
+        h.granted(1, &lock(7, UNLOCK, 5, 24));
+        assert_eq!(
+            ranges(&h),
+            [
+                (7, WRITE, 0, 4),
+                (7, WRITE, 25, 99),
+                (8, READ, 50, u64::MAX)
+            ]
+        );
+        // Unlocking the whole file forgets the owner; flock is kept apart from ranges.
+        h.granted(1, &lock(7, UNLOCK, 0, u64::MAX));
+        h.granted(
+            1,
+            &LockSpec {
+                flock: true,
+                ..lock(8, WRITE, 0, 0)
+            },
+        );
+        assert_eq!(
+            ranges(&h),
+            [(8, READ, 50, u64::MAX), (8, WRITE, 0, u64::MAX)]
+        );
+        h.released(1, 8);
+        assert!(h.all().is_empty());
+        assert!(h.owners.lock().unwrap().is_empty());
     }
 }

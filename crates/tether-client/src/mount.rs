@@ -131,7 +131,11 @@ impl Mounted {
             fixer,
             locks.clone(),
         );
-        conn.set_restorer(Arc::new(Restore::new(fs.known(), co.clone())));
+        conn.set_restorer(Arc::new(Restore::new(
+            fs.known(),
+            co.clone(),
+            locks.as_ref().map(|l| l.held()),
+        )));
         let session = Session::new(fs, mountpoint, &config)?;
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(l) = &locks {

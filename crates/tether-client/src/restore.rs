@@ -10,9 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tether_proto::{entry_flags, Caller, HandleId, NodeId, Reply, Request, WireErrno, ROOT_NODE};
+use tether_proto::{
+    entry_flags, Caller, HandleId, LockSpec, NodeId, Reply, Request, WireErrno, ROOT_NODE,
+};
 
 use crate::coherence::Coherence;
+use crate::locks::HeldLocks;
 use crate::rpc::{Connection, Restorer};
 
 /// Where a node was last seen, and how many lookups the kernel holds on it.
@@ -131,25 +134,30 @@ impl Known {
     }
 }
 
-/// What a restore re-creates: (node, parent, name, lookups) and the open handles.
+/// What a restore re-creates: (node, parent, name, lookups), the open handles and the
+/// locks held on the host.
 #[derive(Default)]
 struct Snapshot {
     nodes: Vec<(NodeId, NodeId, Box<[u8]>, u64)>,
     handles: Vec<(HandleId, OpenHandle)>,
+    locks: Vec<(NodeId, LockSpec)>,
 }
 
-/// Re-creates the known nodes and handles on a new connection.
+/// Re-creates the known nodes, handles and host locks on a new connection.
 pub struct Restore {
     known: Arc<Known>,
     co: Arc<Coherence>,
+    locks: Option<Arc<HeldLocks>>,
     snapshot: Mutex<Snapshot>,
 }
 
 impl Restore {
-    pub fn new(known: Arc<Known>, co: Arc<Coherence>) -> Restore {
+    /// `locks`: the host locks this guest holds (none when locks stay in the guest).
+    pub fn new(known: Arc<Known>, co: Arc<Coherence>, locks: Option<Arc<HeldLocks>>) -> Restore {
         Restore {
             known,
             co,
+            locks,
             snapshot: Mutex::default(),
         }
     }
@@ -248,6 +256,55 @@ impl Restore {
     }
 }
 
+impl Restore {
+    /// Takes every held lock again (the new session holds none). Another process may have
+    /// taken one while the server was away: that lock is lost, and said so. Returns how
+    /// many were.
+    fn locks(&self, conn: &Connection) -> Result<usize, WireErrno> {
+        let (Some(held), locks) = (
+            &self.locks,
+            std::mem::take(&mut self.snapshot.lock().unwrap().locks),
+        ) else {
+            return Ok(0);
+        };
+        let (tx, rx) = mpsc::channel();
+        for (node, lock) in locks {
+            if node != ROOT_NODE && !self.known.places.contains_key(&node) {
+                held.released(node, lock.owner); // the node itself is lost
+                continue;
+            }
+            let tx = tx.clone();
+            conn.call_restoring(
+                Caller::default(),
+                &Request::Setlk { node, lock },
+                move |r| {
+                    let _ = tx.send((node, lock, r));
+                },
+            );
+        }
+        drop(tx);
+        let mut lost = 0;
+        for (node, lock, r) in rx.iter() {
+            match r {
+                Ok(_) => {}
+                Err(WireErrno::EIO) => return Err(WireErrno::EIO),
+                Err(e) => {
+                    tracing::error!(
+                        "a lock on node {node} (bytes {}..={}) could not be taken again after \
+                         the reconnect ({e}): another process took it while the server was \
+                         away; its holder here no longer excludes others",
+                        lock.start,
+                        lock.end
+                    );
+                    held.released(node, lock.owner);
+                    lost += 1;
+                }
+            }
+        }
+        Ok(lost)
+    }
+}
+
 impl Restorer for Restore {
     fn snapshot(&self) {
         *self.snapshot.lock().unwrap() = Snapshot {
@@ -257,6 +314,7 @@ impl Restorer for Restore {
             handles: (self.known.handles.iter())
                 .map(|e| (*e.key(), *e))
                 .collect(),
+            locks: self.locks.as_ref().map(|l| l.all()).unwrap_or_default(),
         };
     }
 
@@ -265,10 +323,13 @@ impl Restorer for Restore {
         self.co.reconnected(Duration::from_millis(100));
         let lost_nodes = self.nodes(conn)?;
         let lost_handles = self.handles(conn)?;
+        let lost_locks = self.locks(conn)?;
         let (nodes, handles) = self.known.counts();
+        let locks = self.locks.as_ref().map_or(0, |l| l.all().len());
         tracing::warn!(
-            "restored {nodes} node(s) and {handles} open handle(s) on the new connection; \
-             {lost_nodes} node(s) and {lost_handles} handle(s) were gone"
+            "restored {nodes} node(s), {handles} open handle(s) and {locks} lock(s) on the new \
+             connection; {lost_nodes} node(s), {lost_handles} handle(s) and {lost_locks} \
+             lock(s) were gone"
         );
         Ok(())
     }

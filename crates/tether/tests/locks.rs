@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Mount, TestMount};
+use common::{status, Mount, Server, TestMount};
 
 const LOCK_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/lock.py");
 const SQLITE_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/sqlite.py");
@@ -306,6 +306,45 @@ fn closing_the_file_or_exiting_drops_the_lock() {
     eventually_got(Duration::from_secs(5), || {
         lock_once(py, &["try", "posix"], &m.other_guest())
     });
+}
+
+#[test]
+fn locks_are_taken_again_after_a_server_restart() {
+    require_mount!();
+    let py = require_python!();
+    let mut t = TestMount::start();
+    for f in ["a", "b"] {
+        std::fs::write(t.export.join(f), b"x").unwrap();
+    }
+    let _posix = Holder::take(py, "posix", &t.mnt.join("a"), &["0", "10"]);
+    let _flock = Holder::take(py, "flock", &t.mnt.join("b"), &[]);
+    t.server.stop_with(libc::SIGTERM);
+    // While the server is away the host is free to lock...
+    assert_eq!(lock_once(py, &["try", "posix"], &t.export.join("a")), "got");
+    let address = t.server.address.clone();
+    t.server = Server::start(&t.export, &address, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !status(&t.mnt).contains("connection: up (1 reconnects") {
+        assert!(
+            Instant::now() < deadline,
+            "no reconnect: {}",
+            status(&t.mnt)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ...and once the mount is back, the guest's locks exclude the host again.
+    assert_eq!(
+        lock_once(py, &["try", "posix", "5", "1"], &t.export.join("a")),
+        "busy"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "posix", "10", "1"], &t.export.join("a")),
+        "got"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "flock"], &t.export.join("b")),
+        "busy"
+    );
 }
 
 #[test]
