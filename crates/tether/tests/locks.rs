@@ -385,8 +385,11 @@ fn sqlite_bank(py: &str, journal: &str, dbs: &[PathBuf], host_db: &Path, txns: u
         .enumerate()
         .map(|(i, db)| run(&["work", &i.to_string(), &txns], db))
         .collect();
-    for (i, w) in workers.into_iter().enumerate() {
-        let out = w.wait_with_output().unwrap();
+    // Every worker ends before any verdict, so that none holds the mount when it goes.
+    let outputs: Vec<_> = (workers.into_iter())
+        .map(|w| w.wait_with_output().unwrap())
+        .collect();
+    for (i, out) in outputs.into_iter().enumerate() {
         assert!(
             out.status.success(),
             "worker {i} on {}: {}{}",
