@@ -432,3 +432,99 @@ fn sqlite_wal_from_several_processes_of_one_mount_stays_consistent() {
     let db = t.mnt.join("bank.db");
     sqlite_bank(py, "wal", &vec![db; 4], &t.mnt.join("bank.db"), 150);
 }
+
+/// `sqlite.py hold DB`: a connection that stays open (with the WAL index mapped) until
+/// dropped.
+struct OpenDb(Child);
+
+impl OpenDb {
+    fn open(py: &str, db: &Path) -> OpenDb {
+        let mut child = Command::new(py)
+            .arg(SQLITE_PY)
+            .arg("hold")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run sqlite.py hold");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "open", "{}", db.display());
+        OpenDb(child)
+    }
+}
+
+impl Drop for OpenDb {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take()); // end of input: it closes the database and exits
+        let _ = self.0.wait();
+    }
+}
+
+/// What SQLite says when it cannot get at a WAL index another party holds: "database is
+/// locked" (SQLITE_BUSY) or, when the busy state outlasts its own retries while beginning a
+/// read, "locking protocol" (SQLITE_PROTOCOL). Either is a refusal, not corruption.
+fn refused(py: &str, db: &Path) -> bool {
+    let r = try_db(py, db);
+    assert!(
+        ["ok", "database is locked", "locking protocol"].contains(&r.as_str()),
+        "{}: {r}",
+        db.display()
+    );
+    r != "ok"
+}
+
+fn try_db(py: &str, db: &Path) -> String {
+    let out = Command::new(py)
+        .arg(SQLITE_PY)
+        .arg("try")
+        .arg(db)
+        .output()
+        .expect("run sqlite.py try");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_wal_database_is_refused_not_shared_across_guests_and_the_host() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    let db = |dir: &Path| dir.join("bank.db");
+    let init = Command::new(py)
+        .arg(SQLITE_PY)
+        .args(["init"])
+        .arg(db(&m.t.mnt))
+        .arg("wal")
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let (here, there, host) = (db(&m.t.mnt), db(&m.other.path), db(&m.t.export));
+    {
+        // Open in one mount: its own processes share it, the rest are told it is busy.
+        let _a = OpenDb::open(py, &here);
+        assert_eq!(try_db(py, &here), "ok");
+        assert!(refused(py, &there));
+        assert!(refused(py, &host));
+    }
+    // Closed there: the other mount may take it, and then it is the one that holds it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let _b = loop {
+        if try_db(py, &there) == "ok" {
+            break OpenDb::open(py, &there);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first mount kept the WAL index"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(refused(py, &here));
+    assert!(refused(py, &host));
+    drop(_b);
+    // Open on the host: no guest may use it meanwhile.
+    let _h = OpenDb::open(py, &host);
+    assert!(refused(py, &here));
+    assert!(!refused(py, &host));
+}

@@ -9,9 +9,20 @@
 //!
 //! Nothing here waits: a conflicting request gets EAGAIN and the client retries a blocking
 //! one, so a waiting lock never holds a server worker and can be interrupted in the guest.
+//!
+//! One exception to "locks pass straight through": SQLite's WAL index (`DB-shm`). WAL needs
+//! every process using the database to share that file's memory, which a guest and the
+//! host (or two guests) do not (coherence.md, "Locks"). So the first session to use a WAL
+//! index takes it for itself: the server holds a write lock on the index's DMS byte
+//! (128; SQLite takes a read lock there for as long as a connection has the index open)
+//! while any process of the session does, and the session's own processes take their DMS
+//! locks on another byte of the same file. A host process or another guest then gets
+//! SQLITE_BUSY ("database is locked") opening the database, instead of corrupting it; and
+//! a guest opening a database the host has open in WAL mode gets the same.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use tether_proto::{lock_type, LockSpec, NodeId, Reply, WireErrno};
@@ -23,13 +34,43 @@ use super::sys::{self, RangeLock, SysResult};
 #[derive(Default)]
 pub struct LockTable {
     owners: DashMap<(NodeId, u64), Arc<OwnedFd>>,
+    /// The WAL indexes this session has taken, with the description holding the DMS byte.
+    /// One mutex for all: taking and giving back must not interleave, and it is rare.
+    wal_guards: Mutex<HashMap<NodeId, OwnedFd>>,
 }
+
+/// SQLite's WAL index, as its unix VFS locks it: the file's name ends so, and a connection
+/// holds a read lock on the DMS byte while it has the index open.
+const WAL_INDEX_SUFFIX: &[u8] = b"-shm";
+const WAL_DMS: u64 = 128;
+/// Where this session's processes take their DMS locks instead, among themselves: far past
+/// anything SQLite uses, and past any WAL index's size.
+const SESSION_DMS: u64 = 1 << 40;
 
 impl LockTable {
     /// Drops every lock held on `node` (the guest forgot it, so no guest file is open on it).
     pub fn forget_node(&self, node: NodeId) {
         if !self.owners.is_empty() {
             self.owners.retain(|(n, _), _| *n != node);
+        }
+        self.wal_guards.lock().unwrap().remove(&node);
+    }
+
+    /// Gives back the WAL index `node` if no process of the session holds its DMS lock
+    /// any more. Call with the guards locked.
+    fn release_unused_guard(guards: &mut HashMap<NodeId, OwnedFd>, node: NodeId) {
+        let Some(guard) = guards.get(&node) else {
+            return;
+        };
+        let probe = RangeLock {
+            typ: libc::F_WRLCK as i16,
+            start: SESSION_DMS as i64,
+            len: 1,
+            pid: 0,
+        };
+        // Only this session's owners lock SESSION_DMS (others cannot get the guard).
+        if matches!(sys::ofd_getlk(guard.as_fd(), &probe), Ok(None)) {
+            guards.remove(&node);
         }
     }
 }
@@ -97,6 +138,9 @@ impl ExportFs {
             // This owner holds nothing here: nothing to drop, no description to open.
             return Ok(Reply::Empty);
         }
+        if self.is_wal_dms(&lock) && self.is_wal_index(node)? {
+            return self.wal_dms_lock(node, lock);
+        }
         let fd = self.lock_fd(node, lock.owner)?;
         if lock.flock {
             let op = match lock.typ {
@@ -115,12 +159,30 @@ impl ExportFs {
             };
             sys::ofd_setlk(fd.as_fd(), &l)?;
         }
+        if lock.typ == lock_type::UNLOCK {
+            // An unlock of the whole file also drops a WAL index's session DMS lock.
+            let mut guards = self.locks.wal_guards.lock().unwrap();
+            LockTable::release_unused_guard(&mut guards, node);
+        }
         Ok(Reply::Empty)
     }
 
     /// GETLK: the first lock another owner (in any guest or on the host) holds that would
     /// conflict with `lock`.
     pub(super) fn getlk(&self, node: NodeId, lock: LockSpec) -> SysResult<Reply> {
+        // SQLite asks who holds a WAL index's DMS byte before it locks it: within a session
+        // that holds the index, that is whoever holds the session's DMS byte.
+        let session_dms =
+            self.is_wal_dms(&lock) && self.locks.wal_guards.lock().unwrap().contains_key(&node);
+        let lock = if session_dms {
+            LockSpec {
+                start: SESSION_DMS,
+                end: SESSION_DMS,
+                ..lock
+            }
+        } else {
+            lock
+        };
         let (start, len) = host_range(&lock)?;
         let free = Reply::Lock {
             typ: lock_type::UNLOCK,
@@ -164,8 +226,10 @@ impl ExportFs {
                 } else {
                     lock_type::READ
                 },
-                start: c.start as u64,
-                end: if c.len == 0 {
+                start: if session_dms { WAL_DMS } else { c.start as u64 },
+                end: if session_dms {
+                    WAL_DMS
+                } else if c.len == 0 {
                     u64::MAX
                 } else {
                     (c.start + c.len - 1) as u64
@@ -175,9 +239,55 @@ impl ExportFs {
         })
     }
 
+    /// Whether `lock` is on the DMS byte alone, as SQLite takes it on a WAL index.
+    fn is_wal_dms(&self, lock: &LockSpec) -> bool {
+        !lock.flock && lock.start == WAL_DMS && lock.end == WAL_DMS
+    }
+
+    fn is_wal_index(&self, node: NodeId) -> SysResult<bool> {
+        let (n, _) = self.openable_node(node)?;
+        Ok(n.name_ends_with(WAL_INDEX_SUFFIX))
+    }
+
+    /// A DMS lock on a WAL index (see the module's comment): taken or dropped on
+    /// SESSION_DMS, with the session's hold on the index taken first or given back after.
+    fn wal_dms_lock(&self, node: NodeId, lock: LockSpec) -> SysResult<Reply> {
+        let mut guards = self.locks.wal_guards.lock().unwrap();
+        if lock.typ != lock_type::UNLOCK && !guards.contains_key(&node) {
+            let (_, path_fd) = self.openable_node(node)?;
+            let guard = self.reopen(&path_fd, libc::O_RDWR | libc::O_NONBLOCK)?;
+            let dms = RangeLock {
+                typ: libc::F_WRLCK as i16,
+                start: WAL_DMS as i64,
+                len: 1,
+                pid: 0,
+            };
+            if let Err(e) = sys::ofd_setlk(guard.as_fd(), &dms) {
+                tracing::info!(
+                    "WAL index node {node} is in use on the host or by another guest: \
+                     refused ({e:?}), as sharing it would corrupt the database"
+                );
+                return Err(e);
+            }
+            guards.insert(node, guard);
+        }
+        let fd = self.lock_fd(node, lock.owner)?;
+        let own = RangeLock {
+            typ: fcntl_type(lock.typ),
+            start: SESSION_DMS as i64,
+            len: 1,
+            pid: 0,
+        };
+        let r = sys::ofd_setlk(fd.as_fd(), &own);
+        LockTable::release_unused_guard(&mut guards, node);
+        r.map(|_| Reply::Empty)
+    }
+
     /// LOCK_RELEASE: closes `owner`'s description of `node`, which drops all its locks.
     pub(super) fn lock_release(&self, node: NodeId, owner: u64) -> Reply {
         self.locks.owners.remove(&(node, owner));
+        let mut guards = self.locks.wal_guards.lock().unwrap();
+        LockTable::release_unused_guard(&mut guards, node);
         Reply::Empty
     }
 }

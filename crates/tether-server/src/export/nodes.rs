@@ -68,6 +68,12 @@ impl Node {
         self.kind == libc::S_IFLNK
     }
 
+    /// Whether the name the node was last seen under ends with `suffix`.
+    pub fn name_ends_with(&self, suffix: &[u8]) -> bool {
+        (self.location.lock().unwrap().as_ref())
+            .is_some_and(|l| l.name.as_bytes().ends_with(suffix))
+    }
+
     /// Whether `st` (with birth time `birth`) is this node's file, not a later one that got
     /// the same inode number.
     fn same_file(&self, st: &libc::stat, birth: Option<(i64, u32)>) -> bool {

@@ -6,6 +6,8 @@ missed another writer's commit) loses or creates money. Readers check the total 
 sqlite.py init DB JOURNAL_MODE       create the accounts (journal mode: delete, wal)
 sqlite.py work DB WORKER_ID N        N transfers, each followed by a read-only check
 sqlite.py check DB WORKERS N         the invariant at the end: total, log, integrity
+sqlite.py hold DB                    open it, read, print "open", stay until end of input
+sqlite.py try DB                     open it and read: prints "ok" or the error
 """
 import random
 import sqlite3
@@ -81,5 +83,16 @@ elif cmd == "check":
     if problems:
         sys.exit("; ".join(problems))
     print("ok: %d transfers, total %d" % (logged, t))
+elif cmd == "hold":
+    con.execute("SELECT count(*) FROM acct").fetchone()
+    print("open", flush=True)
+    sys.stdin.read()
+elif cmd == "try":
+    con = sqlite3.connect(db, timeout=0.5, isolation_level=None)
+    try:
+        con.execute("SELECT count(*) FROM acct").fetchone()
+        print("ok")
+    except sqlite3.OperationalError as e:
+        print(e)
 else:
     sys.exit("unknown command " + cmd)
