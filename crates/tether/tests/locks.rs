@@ -425,6 +425,21 @@ fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
 }
 
 #[test]
+fn sqlite_wal_from_two_mounts_and_the_host_is_used_in_turns_and_stays_consistent() {
+    require_mount!();
+    let py = require_python!();
+    let m = TwoMounts::start(NO_TIMEOUT);
+    // All start at once; whoever opens the WAL index first has it until its processes
+    // close it, the others are refused meanwhile and try again (sqlite.py): every transfer
+    // happens, none is lost, nothing is corrupted.
+    let dbs: Vec<PathBuf> = [&m.t.mnt, &m.other.path, &m.t.export]
+        .iter()
+        .flat_map(|d| [d.join("bank.db"), d.join("bank.db")])
+        .collect();
+    sqlite_bank(py, "wal", &dbs, &m.t.export.join("bank.db"), 150);
+}
+
+#[test]
 fn sqlite_wal_from_several_processes_of_one_mount_stays_consistent() {
     require_mount!();
     let py = require_python!();

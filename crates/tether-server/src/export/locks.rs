@@ -20,7 +20,7 @@
 //! SQLITE_BUSY ("database is locked") opening the database, instead of corrupting it; and
 //! a guest opening a database the host has open in WAL mode gets the same.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +37,8 @@ pub struct LockTable {
     /// The WAL indexes this session has taken, with the description holding the DMS byte.
     /// One mutex for all: taking and giving back must not interleave, and it is rare.
     wal_guards: Mutex<HashMap<NodeId, OwnedFd>>,
+    /// WAL indexes this session was refused, so that the log says so once each.
+    wal_refused: Mutex<HashSet<NodeId>>,
 }
 
 /// SQLite's WAL index, as its unix VFS locks it: the file's name ends so, and a connection
@@ -263,10 +265,13 @@ impl ExportFs {
                 pid: 0,
             };
             if let Err(e) = sys::ofd_setlk(guard.as_fd(), &dms) {
-                tracing::info!(
-                    "WAL index node {node} is in use on the host or by another guest: \
-                     refused ({e:?}), as sharing it would corrupt the database"
-                );
+                if self.locks.wal_refused.lock().unwrap().insert(node) {
+                    tracing::info!(
+                        "a SQLite WAL index (node {node}) is in use on the host or by another \
+                         guest: refused to this guest while it is ({e:?}); sharing it would \
+                         corrupt the database"
+                    );
+                }
                 return Err(e);
             }
             guards.insert(node, guard);
