@@ -64,12 +64,7 @@ impl LockTable {
         let Some(guard) = guards.get(&node) else {
             return;
         };
-        let probe = RangeLock {
-            typ: libc::F_WRLCK as i16,
-            start: SESSION_DMS as i64,
-            len: 1,
-            pid: 0,
-        };
+        let probe = RangeLock::request(libc::F_WRLCK, SESSION_DMS as i64, 1);
         // Only this session's owners lock SESSION_DMS (others cannot get the guard).
         if matches!(sys::ofd_getlk(guard.as_fd(), &probe), Ok(None)) {
             guards.remove(&node);
@@ -91,12 +86,12 @@ fn host_range(lock: &LockSpec) -> SysResult<(i64, i64)> {
     Ok((start, len))
 }
 
-fn fcntl_type(typ: u8) -> i16 {
-    (match typ {
+fn fcntl_type(typ: u8) -> libc::c_int {
+    match typ {
         lock_type::READ => libc::F_RDLCK,
         lock_type::WRITE => libc::F_WRLCK,
         _ => libc::F_UNLCK,
-    }) as i16
+    }
 }
 
 impl ExportFs {
@@ -153,12 +148,7 @@ impl ExportFs {
             sys::flock_nb(fd.as_fd(), op)?;
         } else {
             let (start, len) = host_range(&lock)?;
-            let l = RangeLock {
-                typ: fcntl_type(lock.typ),
-                start,
-                len,
-                pid: 0,
-            };
+            let l = RangeLock::request(fcntl_type(lock.typ), start, len);
             sys::ofd_setlk(fd.as_fd(), &l)?;
         }
         if lock.typ == lock_type::UNLOCK {
@@ -214,12 +204,7 @@ impl ExportFs {
                 Arc::new(self.reopen(&path_fd, flags)?)
             }
         };
-        let probe = RangeLock {
-            typ: fcntl_type(lock.typ),
-            start,
-            len,
-            pid: 0,
-        };
+        let probe = RangeLock::request(fcntl_type(lock.typ), start, len);
         Ok(match sys::ofd_getlk(fd.as_fd(), &probe)? {
             None => free,
             Some(c) => Reply::Lock {
@@ -258,12 +243,7 @@ impl ExportFs {
         if lock.typ != lock_type::UNLOCK && !guards.contains_key(&node) {
             let (_, path_fd) = self.openable_node(node)?;
             let guard = self.reopen(&path_fd, libc::O_RDWR | libc::O_NONBLOCK)?;
-            let dms = RangeLock {
-                typ: libc::F_WRLCK as i16,
-                start: WAL_DMS as i64,
-                len: 1,
-                pid: 0,
-            };
+            let dms = RangeLock::request(libc::F_WRLCK, WAL_DMS as i64, 1);
             if let Err(e) = sys::ofd_setlk(guard.as_fd(), &dms) {
                 if self.locks.wal_refused.lock().unwrap().insert(node) {
                     tracing::info!(
@@ -277,12 +257,7 @@ impl ExportFs {
             guards.insert(node, guard);
         }
         let fd = self.lock_fd(node, lock.owner)?;
-        let own = RangeLock {
-            typ: fcntl_type(lock.typ),
-            start: SESSION_DMS as i64,
-            len: 1,
-            pid: 0,
-        };
+        let own = RangeLock::request(fcntl_type(lock.typ), SESSION_DMS as i64, 1);
         let r = sys::ofd_setlk(fd.as_fd(), &own);
         LockTable::release_unused_guard(&mut guards, node);
         r.map(|_| Reply::Empty)

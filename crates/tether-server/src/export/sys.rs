@@ -516,6 +516,18 @@ pub struct RangeLock {
     pub pid: i32,
 }
 
+impl RangeLock {
+    /// A request (pid 0, as OFD locks need) for `len` bytes from `start` (0: to the end).
+    pub fn request(typ: libc::c_int, start: i64, len: i64) -> RangeLock {
+        RangeLock {
+            typ: typ as i16,
+            start,
+            len,
+            pid: 0,
+        }
+    }
+}
+
 fn flock_struct(l: &RangeLock) -> libc::flock {
     // SAFETY: libc::flock is plain data; all-zero is a valid value (l_pid must be 0 for
     // F_OFD_* commands).
