@@ -21,7 +21,7 @@
 //! and the fanotify reader never touch it, and the thread may block on the mount (opening
 //! its root sends STATFS), which a handler or the RPC reader thread must never do.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,6 +55,10 @@ pub struct LockRequest {
 }
 
 enum Cmd {
+    /// A blocking request is on its way to the server.
+    Blocking(u64),
+    /// A blocking request was answered without the lock thread.
+    Done(u64),
     /// The server granted `req`: remember who holds what, then answer the kernel.
     Granted(LockRequest, ReplyEmpty),
     /// The server said EAGAIN to a blocking request: try again later.
@@ -103,6 +107,7 @@ impl Locks {
             waiting: BTreeMap::new(),
             in_flight: HashMap::new(),
             interrupted: HashMap::new(),
+            blocking: HashSet::new(),
             watch: None,
             last_sweep: Instant::now(),
         };
@@ -129,6 +134,10 @@ impl Locks {
 
     /// SETLK/SETLKW from the kernel.
     pub fn set(&self, req: LockRequest, reply: ReplyEmpty) {
+        if req.wait {
+            // Before it can be answered, so that an interrupt for it is kept until it is.
+            let _ = self.tx.send(Cmd::Blocking(req.unique));
+        }
         let (tx, granted) = (self.tx.clone(), self.granted.clone());
         let msg = Request::Setlk {
             node: req.node,
@@ -156,6 +165,11 @@ impl Locks {
 /// What to do with the server's first answer to a SETLK (runs on the RPC reader thread, so it
 /// only hands work on).
 fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: ReplyResult) {
+    let answered_here = !matches!(res, Ok(Reply::Empty) | Err(WireErrno::EAGAIN))
+        || req.lock.typ == lock_type::UNLOCK;
+    if req.wait && answered_here {
+        let _ = tx.send(Cmd::Done(req.unique));
+    }
     match res {
         Ok(Reply::Empty) if req.lock.typ == lock_type::UNLOCK => reply.ok(),
         Ok(Reply::Empty) => {
@@ -193,6 +207,9 @@ struct LockThread {
     in_flight: HashMap<u64, bool>,
     /// Interrupts for requests not known here (yet), with when they came.
     interrupted: HashMap<u64, Instant>,
+    /// Blocking requests not answered yet: an interrupt for one of them is kept however
+    /// long its first answer takes (a reconnect may hold it for `mount --timeout`).
+    blocking: HashSet<u64>,
     /// The fanotify group and its reader, present while something is held.
     watch: Option<CloseWatch>,
     last_sweep: Instant,
@@ -217,20 +234,27 @@ impl LockThread {
                 self.last_sweep = Instant::now();
                 self.sweep_exited();
                 let cutoff = Instant::now() - INTERRUPT_MEMORY;
-                self.interrupted.retain(|_, at| *at > cutoff);
+                let blocking = &self.blocking;
+                (self.interrupted).retain(|u, at| *at > cutoff || blocking.contains(u));
             }
         }
     }
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
+            Cmd::Blocking(unique) => {
+                self.blocking.insert(unique);
+            }
+            Cmd::Done(unique) => self.finished(unique),
             Cmd::Granted(req, reply) => {
+                self.finished(req.unique);
                 self.hold(&req);
                 self.revalidate(req.node);
                 reply.ok();
             }
             Cmd::Wait(req, reply, backoff) => {
                 if self.interrupted.remove(&req.unique).is_some() {
+                    self.finished(req.unique);
                     reply.error(Errno::EINTR);
                     return;
                 }
@@ -240,6 +264,9 @@ impl LockThread {
             }
             Cmd::Retried(req, reply, backoff, res) => {
                 let interrupted = self.in_flight.remove(&req.unique).unwrap_or(false);
+                if interrupted || !matches!(res, Err(WireErrno::EAGAIN)) {
+                    self.finished(req.unique);
+                }
                 match res {
                     Ok(Reply::Empty) => {
                         // Granted, even if a signal came meanwhile: the call succeeded first.
@@ -265,7 +292,10 @@ impl LockThread {
                 }
                 let key = self.waiting.keys().find(|(_, u)| *u == unique).copied();
                 match key.and_then(|k| self.waiting.remove(&k)) {
-                    Some((_, reply, _)) => reply.error(Errno::EINTR),
+                    Some((_, reply, _)) => {
+                        self.finished(unique);
+                        reply.error(Errno::EINTR)
+                    }
                     // Not known yet (its first try is at the server) or not a lock at all.
                     None => {
                         self.interrupted.insert(unique, Instant::now());
@@ -290,6 +320,12 @@ impl LockThread {
                 self.unwatch_if_idle();
             }
         }
+    }
+
+    /// A blocking request got its final answer.
+    fn finished(&mut self, unique: u64) {
+        self.blocking.remove(&unique);
+        self.interrupted.remove(&unique);
     }
 
     /// Sends every blocking request whose wait is over to the server again.

@@ -309,6 +309,39 @@ fn closing_the_file_or_exiting_drops_the_lock() {
 }
 
 #[test]
+fn refused_locks_leave_no_descriptor_behind_on_the_server() {
+    require_mount!();
+    let py = require_python!();
+    let t = TestMount::start();
+    std::fs::write(t.export.join("f"), b"x").unwrap();
+    let server_fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", t.server.child.id()))
+            .unwrap()
+            .count()
+    };
+    let _flock = Holder::take(py, "flock", &t.export.join("f"), &[]);
+    let _posix = Holder::take(py, "posix", &t.export.join("f"), &[]);
+    assert_eq!(lock_once(py, &["try", "flock"], &t.mnt.join("f")), "busy");
+    let before = server_fds();
+    // Each try is a new process, so a new lock owner on the server: like `flock -n` from
+    // a cron job while something else holds the lock.
+    for kind in ["flock", "posix", "ofd"] {
+        for _ in 0..10 {
+            assert_eq!(
+                lock_once(py, &["try", kind], &t.mnt.join("f")),
+                "busy",
+                "{kind}"
+            );
+        }
+    }
+    let after = server_fds();
+    assert!(
+        after <= before + 2,
+        "server descriptors: {before} -> {after}"
+    );
+}
+
+#[test]
 fn locks_are_taken_again_after_a_server_restart() {
     require_mount!();
     let py = require_python!();

@@ -96,9 +96,10 @@ fn fcntl_type(typ: u8) -> libc::c_int {
 
 impl ExportFs {
     /// The open file description for `owner`'s locks on `node`, opened on first use.
-    fn lock_fd(&self, node: NodeId, owner: u64) -> SysResult<Arc<OwnedFd>> {
+    /// Also says whether it was opened now: see [`Self::forget_if_unused`].
+    fn lock_fd(&self, node: NodeId, owner: u64) -> SysResult<(Arc<OwnedFd>, bool)> {
         if let Some(fd) = self.locks.owners.get(&(node, owner)) {
-            return Ok(fd.clone());
+            return Ok((fd.clone(), false));
         }
         if self.locks.owners.len() >= self.export.max_handles {
             return Err(WireErrno::ENOLCK);
@@ -121,12 +122,25 @@ impl ExportFs {
                 r => r?,
             }
         };
-        Ok(self
-            .locks
-            .owners
-            .entry((node, owner))
-            .or_insert(Arc::new(fd))
-            .clone())
+        Ok((
+            self.locks
+                .owners
+                .entry((node, owner))
+                .or_insert(Arc::new(fd))
+                .clone(),
+            true,
+        ))
+    }
+
+    /// After a failed first lock of an owner: closes the description opened for it, unless
+    /// another request of the same owner uses it meanwhile. Else every refused `flock -n`
+    /// of a new process would keep a descriptor until the guest forgets the file.
+    fn forget_if_unused(&self, node: NodeId, owner: u64, fd: Arc<OwnedFd>) {
+        // Under the map's lock: a request that got the description from the map holds a
+        // third reference, and none can get it while this runs.
+        self.locks.owners.remove_if(&(node, owner), |_, held| {
+            Arc::ptr_eq(held, &fd) && Arc::strong_count(held) == 2
+        });
     }
 
     /// SETLK: take, change or drop `lock` without waiting.
@@ -138,18 +152,25 @@ impl ExportFs {
         if self.is_wal_dms(&lock) && self.is_wal_index(node)? {
             return self.wal_dms_lock(node, lock);
         }
-        let fd = self.lock_fd(node, lock.owner)?;
-        if lock.flock {
+        let (fd, new) = self.lock_fd(node, lock.owner)?;
+        let taken = if lock.flock {
             let op = match lock.typ {
                 lock_type::READ => libc::LOCK_SH,
                 lock_type::WRITE => libc::LOCK_EX,
                 _ => libc::LOCK_UN,
             };
-            sys::flock_nb(fd.as_fd(), op)?;
+            sys::flock_nb(fd.as_fd(), op)
         } else {
-            let (start, len) = host_range(&lock)?;
-            let l = RangeLock::request(fcntl_type(lock.typ), start, len);
-            sys::ofd_setlk(fd.as_fd(), &l)?;
+            host_range(&lock).and_then(|(start, len)| {
+                let l = RangeLock::request(fcntl_type(lock.typ), start, len);
+                sys::ofd_setlk(fd.as_fd(), &l)
+            })
+        };
+        if let Err(e) = taken {
+            if new {
+                self.forget_if_unused(node, lock.owner, fd);
+            }
+            return Err(e);
         }
         if lock.typ == lock_type::UNLOCK {
             // An unlock of the whole file also drops a WAL index's session DMS lock.
@@ -256,9 +277,15 @@ impl ExportFs {
             }
             guards.insert(node, guard);
         }
-        let fd = self.lock_fd(node, lock.owner)?;
         let own = RangeLock::request(fcntl_type(lock.typ), SESSION_DMS as i64, 1);
-        let r = sys::ofd_setlk(fd.as_fd(), &own);
+        let r = self.lock_fd(node, lock.owner).and_then(|(fd, new)| {
+            let r = sys::ofd_setlk(fd.as_fd(), &own);
+            if r.is_err() && new {
+                self.forget_if_unused(node, lock.owner, fd);
+            }
+            r
+        });
+        // Every way out: a guard no process of the session uses goes back.
         LockTable::release_unused_guard(&mut guards, node);
         r.map(|_| Reply::Empty)
     }
