@@ -623,6 +623,7 @@ impl Filesystem for TetherFs {
             lock: lock_spec(lock_owner, flock, typ, start, end),
             tgid: pid,
             wait: sleep,
+            generation: 0,
         };
         locks.set(r, reply);
     }

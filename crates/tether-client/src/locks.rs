@@ -52,13 +52,17 @@ pub struct LockRequest {
     /// The process (thread group) the kernel says takes the lock.
     pub tgid: u32,
     pub wait: bool,
+    /// Set by the lock thread when it sends the request (protocol.md §16).
+    pub generation: u64,
 }
 
 enum Cmd {
-    /// A blocking request is on its way to the server.
-    Blocking(u64),
+    /// SETLK/SETLKW from the kernel, to send once earlier closes are accounted for.
+    Set(LockRequest, ReplyEmpty),
     /// A blocking request was answered without the lock thread.
     Done(u64),
+    /// The close watch has events to read.
+    Drain,
     /// The server granted `req`: remember who holds what, then answer the kernel.
     Granted(LockRequest, ReplyEmpty),
     /// The server said EAGAIN to a blocking request: try again later.
@@ -66,11 +70,6 @@ enum Cmd {
     /// A retry's answer came back.
     Retried(LockRequest, ReplyEmpty, Duration, ReplyResult),
     Interrupt(u64),
-    /// Process `pid` closed a file of node `node` for the last time.
-    Closed {
-        node: NodeId,
-        pid: u32,
-    },
     /// The kernel forgot the node: no file is open on it and the server dropped its locks.
     Forgotten(NodeId),
 }
@@ -86,7 +85,6 @@ struct Holder {
 #[derive(Clone)]
 pub struct Locks {
     tx: Sender<Cmd>,
-    conn: Arc<Connection>,
     notifier: Arc<OnceLock<Notifier>>,
     granted: Arc<HeldLocks>,
 }
@@ -104,6 +102,7 @@ impl Locks {
             granted: granted.clone(),
             tx: tx.clone(),
             held: HashMap::new(),
+            generations: HashMap::new(),
             waiting: BTreeMap::new(),
             in_flight: HashMap::new(),
             interrupted: HashMap::new(),
@@ -116,7 +115,6 @@ impl Locks {
             .spawn(move || state.run(rx))?;
         Ok(Locks {
             tx,
-            conn,
             notifier,
             granted,
         })
@@ -133,24 +131,16 @@ impl Locks {
     }
 
     /// SETLK/SETLKW from the kernel.
+    ///
+    /// Through the lock thread, which reads the close events first: a process that closed
+    /// a locked file and locks it again must have the release for the close counted before
+    /// its new lock (the close event is queued before close() returns).
     pub fn set(&self, req: LockRequest, reply: ReplyEmpty) {
-        if req.wait {
-            // Before it can be answered, so that an interrupt for it is kept until it is.
-            let _ = self.tx.send(Cmd::Blocking(req.unique));
-        }
-        let (tx, granted) = (self.tx.clone(), self.granted.clone());
-        let msg = Request::Setlk {
-            node: req.node,
-            lock: req.lock,
-        };
-        let who = req.who;
-        self.conn.call(who, &msg, move |res: ReplyResult| {
-            if matches!(res, Ok(Reply::Empty)) {
-                // Here, on the reader thread: in the order the server granted them.
-                granted.granted(req.node, &req.lock);
+        if let Err(e) = self.tx.send(Cmd::Set(req, reply)) {
+            if let Cmd::Set(_, reply) = e.into_inner() {
+                reply.error(Errno::EIO);
             }
-            first_answer(&tx, req, reply, res)
-        });
+        }
     }
 
     pub fn interrupt(&self, unique: u64) {
@@ -160,6 +150,29 @@ impl Locks {
     pub fn forgotten(&self, node: NodeId) {
         let _ = self.tx.send(Cmd::Forgotten(node));
     }
+}
+
+/// Sends a SETLK to the server (from the lock thread, `req.generation` set).
+fn send_setlk(
+    conn: &Connection,
+    tx: &Sender<Cmd>,
+    granted: &Arc<HeldLocks>,
+    req: LockRequest,
+    reply: ReplyEmpty,
+) {
+    let (tx, granted) = (tx.clone(), granted.clone());
+    let msg = Request::Setlk {
+        node: req.node,
+        lock: req.lock,
+        generation: req.generation,
+    };
+    conn.call(req.who, &msg, move |res: ReplyResult| {
+        if matches!(res, Ok(Reply::Empty)) {
+            // Here, on the reader thread: in the order the server granted them.
+            granted.granted(req.node, &req.lock, req.generation);
+        }
+        first_answer(&tx, req, reply, res)
+    });
 }
 
 /// What to do with the server's first answer to a SETLK (runs on the RPC reader thread, so it
@@ -201,6 +214,9 @@ struct LockThread {
     /// Who may hold locks on which node (owners are added when the server grants a lock and
     /// removed when their file is closed).
     held: HashMap<NodeId, Vec<Holder>>,
+    /// How many times each (node, owner)'s locks were released: the generation its next
+    /// SETLK carries (protocol.md §16).
+    generations: HashMap<(NodeId, u64), u64>,
     /// Blocking requests waiting for their next try, by when it is due.
     waiting: BTreeMap<(Instant, u64), (LockRequest, ReplyEmpty, Duration)>,
     /// Blocking requests whose retry is at the server now: true once interrupted.
@@ -242,10 +258,26 @@ impl LockThread {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Blocking(unique) => {
-                self.blocking.insert(unique);
+            Cmd::Set(mut req, reply) => {
+                self.drain_closes();
+                if req.wait {
+                    if self.interrupted.remove(&req.unique).is_some() {
+                        return reply.error(Errno::EINTR);
+                    }
+                    // An interrupt for it is kept until it is answered, however long that
+                    // takes (a reconnect may hold it for `mount --timeout`).
+                    self.blocking.insert(req.unique);
+                }
+                req.generation = self.generation(req.node, req.lock.owner);
+                send_setlk(&self.conn, &self.tx, &self.granted, req, reply);
             }
             Cmd::Done(unique) => self.finished(unique),
+            Cmd::Drain => {
+                self.drain_closes();
+                if let Some(w) = &self.watch {
+                    let _ = w.drained.try_send(());
+                }
+            }
             Cmd::Granted(req, reply) => {
                 self.finished(req.unique);
                 self.hold(&req);
@@ -270,7 +302,7 @@ impl LockThread {
                 match res {
                     Ok(Reply::Empty) => {
                         // Granted, even if a signal came meanwhile: the call succeeded first.
-                        self.granted.granted(req.node, &req.lock);
+                        self.granted.granted(req.node, &req.lock, req.generation);
                         self.hold(&req);
                         self.revalidate(req.node);
                         reply.ok();
@@ -302,20 +334,9 @@ impl LockThread {
                     }
                 }
             }
-            Cmd::Closed { node, pid } => {
-                if let Some(holders) = self.held.get(&node) {
-                    let gone: Vec<Holder> = holders
-                        .iter()
-                        .filter(|h| h.tgid == pid || !process_exists(h.tgid))
-                        .copied()
-                        .collect();
-                    for h in gone {
-                        self.release(node, h);
-                    }
-                }
-            }
             Cmd::Forgotten(node) => {
                 self.held.remove(&node);
+                self.generations.retain(|(n, _), _| *n != node);
                 self.granted.forget_node(node);
                 self.unwatch_if_idle();
             }
@@ -335,12 +356,14 @@ impl LockThread {
             if entry.key().0 > now {
                 break;
             }
-            let (req, reply, backoff) = entry.remove();
+            let (mut req, reply, backoff) = entry.remove();
             self.in_flight.insert(req.unique, false);
+            req.generation = self.generation(req.node, req.lock.owner);
             let tx = self.tx.clone();
             let msg = Request::Setlk {
                 node: req.node,
                 lock: req.lock,
+                generation: req.generation,
             };
             self.conn.call(req.who, &msg, move |res: ReplyResult| {
                 if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
@@ -387,14 +410,45 @@ impl LockThread {
         }
     }
 
+    fn generation(&self, node: NodeId, owner: u64) -> u64 {
+        self.generations.get(&(node, owner)).copied().unwrap_or(0)
+    }
+
+    /// Reads every close event queued so far and drops the locks the closes end.
+    fn drain_closes(&mut self) {
+        let mut closes = Vec::new();
+        if let Some(w) = &self.watch {
+            read_closes(&w.group, &mut closes);
+        }
+        for (node, pid) in closes {
+            let Some(holders) = self.held.get(&node) else {
+                continue;
+            };
+            let gone: Vec<Holder> = holders
+                .iter()
+                .filter(|h| h.tgid == pid || !process_exists(h.tgid))
+                .copied()
+                .collect();
+            for h in gone {
+                self.release(node, h);
+            }
+        }
+    }
+
+    /// Drops `h`'s locks on `node`: the release carries the generation they were taken
+    /// under, and later SETLKs of the owner the next one, so that the server drops these
+    /// and never a later lock, whichever of the two it sees first.
     fn release(&mut self, node: NodeId, h: Holder) {
+        let generation = self.generation(node, h.owner);
+        self.generations.insert((node, h.owner), generation + 1);
         let msg = Request::LockRelease {
             node,
             owner: h.owner,
+            generation,
         };
         self.conn
             .call(Caller::default(), &msg, |_res: ReplyResult| {});
-        self.granted.released(node, h.owner);
+        self.granted.released(node, h.owner, generation);
         if let Some(holders) = self.held.get_mut(&node) {
             holders.retain(|x| *x != h);
             if holders.is_empty() {
@@ -436,6 +490,8 @@ pub struct HeldLocks {
 
 #[derive(Default)]
 struct OwnerLocks {
+    /// The generation (protocol.md §16) these were granted under.
+    generation: u64,
     /// flock mode (READ or WRITE), if held.
     flock: Option<u8>,
     /// POSIX/OFD locks: start -> (inclusive end, READ or WRITE), non-overlapping.
@@ -470,10 +526,19 @@ impl OwnerLocks {
 }
 
 impl HeldLocks {
-    /// The server granted `lock` (a lock or an unlock) on `node`.
-    pub fn granted(&self, node: NodeId, lock: &LockSpec) {
+    /// The server granted `lock` (a lock or an unlock) on `node`, under `generation`.
+    pub fn granted(&self, node: NodeId, lock: &LockSpec, generation: u64) {
         let mut owners = self.owners.lock().unwrap();
         let o = owners.entry((node, lock.owner)).or_default();
+        if o.generation < generation {
+            // What an older generation held was released.
+            *o = OwnerLocks {
+                generation,
+                ..OwnerLocks::default()
+            };
+        } else if o.generation > generation {
+            return; // released since; the server dropped it too
+        }
         if lock.flock {
             o.flock = (lock.typ != lock_type::UNLOCK).then_some(lock.typ);
         } else {
@@ -484,17 +549,23 @@ impl HeldLocks {
         }
     }
 
-    /// `owner`'s locks on `node` were dropped (LOCK_RELEASE, or lost).
-    pub fn released(&self, node: NodeId, owner: u64) {
-        self.owners.lock().unwrap().remove(&(node, owner));
+    /// `owner`'s locks of `generation` (and before) on `node` were dropped.
+    pub fn released(&self, node: NodeId, owner: u64, generation: u64) {
+        let mut owners = self.owners.lock().unwrap();
+        if owners
+            .get(&(node, owner))
+            .is_some_and(|o| o.generation <= generation)
+        {
+            owners.remove(&(node, owner));
+        }
     }
 
     fn forget_node(&self, node: NodeId) {
         self.owners.lock().unwrap().retain(|(n, _), _| *n != node);
     }
 
-    /// Every lock held, as the SETLKs that take it again.
-    pub fn all(&self) -> Vec<(NodeId, LockSpec)> {
+    /// Every lock held, as the SETLKs (and their generations) that take it again.
+    pub fn all(&self) -> Vec<(NodeId, LockSpec, u64)> {
         let owners = self.owners.lock().unwrap();
         let mut out = Vec::new();
         for ((node, owner), o) in owners.iter() {
@@ -506,10 +577,10 @@ impl HeldLocks {
                 end,
             };
             if let Some(t) = o.flock {
-                out.push((*node, spec(true, t, 0, u64::MAX)));
+                out.push((*node, spec(true, t, 0, u64::MAX), o.generation));
             }
             for (s, (e, t)) in &o.ranges {
-                out.push((*node, spec(false, *t, *s, *e)));
+                out.push((*node, spec(false, *t, *s, *e), o.generation));
             }
         }
         out
@@ -522,10 +593,14 @@ fn process_exists(tgid: u32) -> bool {
     alive || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// A fanotify group reporting every final close on the mount, and the thread reading it.
+/// A fanotify group reporting every final close on the mount. Only the lock thread reads
+/// it (so that it can read everything queued before it sends a SETLK); a waker thread
+/// tells it when events are waiting while it has nothing else to do.
 struct CloseWatch {
-    /// Held for its life: dropping it closes the group, which removes the mark.
-    _group: Arc<OwnedFd>,
+    /// Dropping it closes the group, which removes the mark and ends the waker.
+    group: Arc<OwnedFd>,
+    /// The lock thread says here that it has read what was waiting.
+    drained: Sender<()>,
 }
 
 impl CloseWatch {
@@ -533,7 +608,7 @@ impl CloseWatch {
         // SAFETY: plain syscall; the result is checked and owned below.
         let fd = unsafe {
             libc::fanotify_init(
-                libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC,
+                libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
                 (libc::O_RDONLY | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32,
             )
         };
@@ -546,11 +621,38 @@ impl CloseWatch {
             .with(|root| mark_filesystem(group.as_raw_fd(), root))
             .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ENOTCONN)));
         marked?;
-        let reader = Arc::downgrade(&group);
+        let (drained, drains) = crossbeam_channel::bounded(1);
+        let watched = Arc::downgrade(&group);
         std::thread::Builder::new()
             .name("tether-lock-close".into())
-            .spawn(move || read_closes(reader, tx))?;
-        Ok(CloseWatch { _group: group })
+            .spawn(move || wake_on_closes(watched, tx, drains))?;
+        Ok(CloseWatch { group, drained })
+    }
+}
+
+/// Asks the lock thread to read the group whenever it has events, until the group goes.
+fn wake_on_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>, drained: Receiver<()>) {
+    loop {
+        let Some(fd) = group.upgrade() else { return };
+        // Poll with a timeout so that a dropped group ends this thread.
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 200) };
+        drop(fd);
+        if ready <= 0 {
+            continue;
+        }
+        if tx.send(Cmd::Drain).is_err() {
+            return;
+        }
+        // Until it has read them (or dropped the group): the events stay readable till then.
+        if drained.recv_timeout(Duration::from_secs(1)).is_err() && group.strong_count() == 0 {
+            return;
+        }
     }
 }
 
@@ -571,29 +673,15 @@ fn mark_filesystem(group: i32, root: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads close events until the group is dropped; each names the node (its st_ino) and the
-/// closing process.
-fn read_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>) {
-    let mut buf = vec![0u8; 64 * 1024];
+/// Reads the close events queued on `group` (without waiting): (node, closing process).
+fn read_closes(group: &OwnedFd, out: &mut Vec<(NodeId, u32)>) {
+    let mut buf = vec![0u8; 16 * 1024];
     let meta_len = std::mem::size_of::<libc::fanotify_event_metadata>();
     loop {
-        let Some(fd) = group.upgrade() else { return };
-        // Poll with a timeout so that a dropped group ends this thread.
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 200) };
-        if ready <= 0 {
-            continue;
-        }
         // SAFETY: buf is writable for its length.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        drop(fd);
+        let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n <= 0 {
-            continue;
+            return; // EAGAIN: nothing more queued
         }
         let mut at = 0usize;
         while at + meta_len <= n as usize {
@@ -601,7 +689,7 @@ fn read_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>) {
             let m: libc::fanotify_event_metadata =
                 unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
             if (m.event_len as usize) < meta_len {
-                break;
+                return;
             }
             at += m.event_len as usize;
             if m.fd < 0 {
@@ -609,24 +697,19 @@ fn read_closes(group: std::sync::Weak<OwnedFd>, tx: Sender<Cmd>) {
             }
             // SAFETY: the kernel opened this descriptor for us; we own it.
             let file = unsafe { OwnedFd::from_raw_fd(m.fd) };
-            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-            // SAFETY: a valid descriptor and a stat buffer.
-            if unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-                continue;
-            }
-            // SAFETY: fstat succeeded.
-            let node = unsafe { st.assume_init() }.st_ino;
-            if tx
-                .send(Cmd::Closed {
-                    node,
-                    pid: m.pid as u32,
-                })
-                .is_err()
-            {
-                return;
+            if let Some(node) = inode_number(&file) {
+                out.push((node, m.pid as u32));
             }
         }
     }
+}
+
+/// The inode number (= node id) of an open file, from /proc (fstat could ask the server).
+fn inode_number(file: &OwnedFd) -> Option<NodeId> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("ino:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -645,7 +728,7 @@ mod tests {
 
     fn ranges(h: &HeldLocks) -> Vec<(u64, u8, u64, u64)> {
         let mut v: Vec<_> = (h.all().into_iter())
-            .map(|(_, l)| (l.owner, l.typ, l.start, l.end))
+            .map(|(_, l, _)| (l.owner, l.typ, l.start, l.end))
             .collect();
         v.sort();
         v
@@ -655,9 +738,9 @@ mod tests {
     fn a_new_range_replaces_the_owners_overlapping_ranges() {
         use lock_type::{READ, UNLOCK, WRITE};
         let h = HeldLocks::default();
-        h.granted(1, &lock(7, WRITE, 0, 99));
-        h.granted(1, &lock(7, READ, 10, 19));
-        h.granted(1, &lock(8, READ, 50, u64::MAX));
+        h.granted(1, &lock(7, WRITE, 0, 99), 0);
+        h.granted(1, &lock(7, READ, 10, 19), 0);
+        h.granted(1, &lock(8, READ, 50, u64::MAX), 0);
         assert_eq!(
             ranges(&h),
             [
@@ -667,7 +750,7 @@ mod tests {
                 (8, READ, 50, u64::MAX)
             ]
         );
-        h.granted(1, &lock(7, UNLOCK, 5, 24));
+        h.granted(1, &lock(7, UNLOCK, 5, 24), 0);
         assert_eq!(
             ranges(&h),
             [
@@ -677,20 +760,38 @@ mod tests {
             ]
         );
         // Unlocking the whole file forgets the owner; flock is kept apart from ranges.
-        h.granted(1, &lock(7, UNLOCK, 0, u64::MAX));
+        h.granted(1, &lock(7, UNLOCK, 0, u64::MAX), 0);
         h.granted(
             1,
             &LockSpec {
                 flock: true,
                 ..lock(8, WRITE, 0, 0)
             },
+            0,
         );
         assert_eq!(
             ranges(&h),
             [(8, READ, 50, u64::MAX), (8, WRITE, 0, u64::MAX)]
         );
-        h.released(1, 8);
+        h.released(1, 8, 0);
         assert!(h.all().is_empty());
         assert!(h.owners.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_release_drops_its_generation_and_never_a_later_one() {
+        use lock_type::WRITE;
+        let h = HeldLocks::default();
+        h.granted(1, &lock(7, WRITE, 0, 9), 0);
+        // The owner closed the file (release of generation 0 on its way) and locked again.
+        h.granted(1, &lock(7, WRITE, 20, 29), 1);
+        assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
+        h.released(1, 7, 0);
+        assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
+        // A grant of the old generation answered late changes nothing.
+        h.granted(1, &lock(7, WRITE, 40, 49), 0);
+        assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
+        h.released(1, 7, 1);
+        assert!(h.all().is_empty());
     }
 }

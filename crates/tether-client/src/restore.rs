@@ -140,7 +140,7 @@ impl Known {
 struct Snapshot {
     nodes: Vec<(NodeId, NodeId, Box<[u8]>, u64)>,
     handles: Vec<(HandleId, OpenHandle)>,
-    locks: Vec<(NodeId, LockSpec)>,
+    locks: Vec<(NodeId, LockSpec, u64)>,
 }
 
 /// Re-creates the known nodes, handles and host locks on a new connection.
@@ -268,23 +268,24 @@ impl Restore {
             return Ok(0);
         };
         let (tx, rx) = mpsc::channel();
-        for (node, lock) in locks {
+        for (node, lock, generation) in locks {
             if node != ROOT_NODE && !self.known.places.contains_key(&node) {
-                held.released(node, lock.owner); // the node itself is lost
+                held.released(node, lock.owner, generation); // the node itself is lost
                 continue;
             }
             let tx = tx.clone();
-            conn.call_restoring(
-                Caller::default(),
-                &Request::Setlk { node, lock },
-                move |r| {
-                    let _ = tx.send((node, lock, r));
-                },
-            );
+            let req = Request::Setlk {
+                node,
+                lock,
+                generation,
+            };
+            conn.call_restoring(Caller::default(), &req, move |r| {
+                let _ = tx.send((node, lock, generation, r));
+            });
         }
         drop(tx);
         let mut lost = 0;
-        for (node, lock, r) in rx.iter() {
+        for (node, lock, generation, r) in rx.iter() {
             match r {
                 Ok(_) => {}
                 Err(WireErrno::EIO) => return Err(WireErrno::EIO),
@@ -296,7 +297,7 @@ impl Restore {
                         lock.start,
                         lock.end
                     );
-                    held.released(node, lock.owner);
+                    held.released(node, lock.owner, generation);
                     lost += 1;
                 }
             }

@@ -465,17 +465,22 @@ pub enum Request {
         name: Bytes,
         lookups: u64,
     },
+    /// `generation`: how many times the client has released this owner's locks on this
+    /// node (LOCK_RELEASE); the server drops an older generation's locks first.
     Setlk {
         node: NodeId,
         lock: LockSpec,
+        generation: u64,
     },
     Getlk {
         node: NodeId,
         lock: LockSpec,
     },
+    /// Drops the owner's locks of `generation` and before, not those of a later SETLK.
     LockRelease {
         node: NodeId,
         owner: u64,
+        generation: u64,
     },
 }
 
@@ -526,6 +531,14 @@ pub enum Reply {
 }
 
 impl LockSpec {
+    fn encode(&self, e: &mut Encoder) {
+        e.u64(self.owner)
+            .bool(self.flock)
+            .u8(self.typ)
+            .u64(self.start)
+            .u64(self.end);
+    }
+
     fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
         let owner = d.u64()?;
         let flock = d.bool()?;
@@ -947,16 +960,25 @@ impl Request {
             } => {
                 e.u64(*parent).name(name).u64(*lookups);
             }
-            Setlk { node, lock } | Getlk { node, lock } => {
-                e.u64(*node)
-                    .u64(lock.owner)
-                    .bool(lock.flock)
-                    .u8(lock.typ)
-                    .u64(lock.start)
-                    .u64(lock.end);
+            Setlk {
+                node,
+                lock,
+                generation,
+            } => {
+                e.u64(*node);
+                lock.encode(e);
+                e.u64(*generation);
             }
-            LockRelease { node, owner } => {
-                e.u64(*node).u64(*owner);
+            Getlk { node, lock } => {
+                e.u64(*node);
+                lock.encode(e);
+            }
+            LockRelease {
+                node,
+                owner,
+                generation,
+            } => {
+                e.u64(*node).u64(*owner).u64(*generation);
             }
         }
     }
@@ -1162,6 +1184,7 @@ impl Request {
             Op::Setlk => Setlk {
                 node: d.u64()?,
                 lock: LockSpec::decode(&mut d)?,
+                generation: d.u64()?,
             },
             Op::Getlk => Getlk {
                 node: d.u64()?,
@@ -1170,6 +1193,7 @@ impl Request {
             Op::LockRelease => LockRelease {
                 node: d.u64()?,
                 owner: d.u64()?,
+                generation: d.u64()?,
             },
         };
         d.finish()?;

@@ -1150,9 +1150,10 @@ fn request_cases() -> Vec<ReqCase> {
                     start: 100,
                     end: u64::MAX,
                 },
+                generation: 3,
             },
             expected: [
-                &[0x3a, 0, 0, 0][..],            // len: 58
+                &[0x42, 0, 0, 0][..],            // len: 66
                 &[1],                            // kind: request
                 &[0],                            // flags
                 &[45, 0],                        // op: 45 setlk
@@ -1164,6 +1165,7 @@ fn request_cases() -> Vec<ReqCase> {
                 &[2],                            // type: write
                 &[100, 0, 0, 0, 0, 0, 0, 0],     // start 100
                 &[0xff; 8],                      // end: to the end of the file
+                &[3, 0, 0, 0, 0, 0, 0, 0],       // generation 3
             ]
             .concat(),
         },
@@ -1204,9 +1206,10 @@ fn request_cases() -> Vec<ReqCase> {
             req: Request::LockRelease {
                 node: 0x1234,
                 owner: 9,
+                generation: 3,
             },
             expected: [
-                &[0x28, 0, 0, 0][..],            // len: 40
+                &[0x30, 0, 0, 0][..],            // len: 48
                 &[1],                            // kind: request
                 &[0],                            // flags
                 &[47, 0],                        // op: 47 lock release
@@ -1214,6 +1217,7 @@ fn request_cases() -> Vec<ReqCase> {
                 &CALLER_BYTES,                   // caller
                 &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
                 &[9, 0, 0, 0, 0, 0, 0, 0],       // owner
+                &[3, 0, 0, 0, 0, 0, 0, 0],       // generation 3
             ]
             .concat(),
         },

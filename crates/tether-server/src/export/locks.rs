@@ -33,12 +33,19 @@ use super::sys::{self, RangeLock, SysResult};
 /// The open file descriptions that carry each (node, guest owner)'s locks.
 #[derive(Default)]
 pub struct LockTable {
-    owners: DashMap<(NodeId, u64), Arc<OwnedFd>>,
+    owners: DashMap<(NodeId, u64), Arc<OwnerFd>>,
     /// The WAL indexes this session has taken, with the description holding the DMS byte.
     /// One mutex for all: taking and giving back must not interleave, and it is rare.
     wal_guards: Mutex<HashMap<NodeId, OwnedFd>>,
     /// WAL indexes this session was refused, so that the log says so once each.
     wal_refused: Mutex<HashSet<NodeId>>,
+}
+
+/// One owner's description, and the generation of its locks (protocol.md §16): a SETLK
+/// of a later generation replaces it, a LOCK_RELEASE of an earlier one leaves it alone.
+struct OwnerFd {
+    fd: OwnedFd,
+    generation: u64,
 }
 
 /// SQLite's WAL index, as its unix VFS locks it: the file's name ends so, and a connection
@@ -95,14 +102,23 @@ fn fcntl_type(typ: u8) -> libc::c_int {
 }
 
 impl ExportFs {
-    /// The open file description for `owner`'s locks on `node`, opened on first use.
-    /// Also says whether it was opened now: see [`Self::forget_if_unused`].
-    fn lock_fd(&self, node: NodeId, owner: u64) -> SysResult<(Arc<OwnedFd>, bool)> {
-        if let Some(fd) = self.locks.owners.get(&(node, owner)) {
-            return Ok((fd.clone(), false));
-        }
-        if self.locks.owners.len() >= self.export.max_handles {
-            return Err(WireErrno::ENOLCK);
+    /// The open file description for `owner`'s locks of `generation` on `node`, opened on
+    /// first use or when an older generation's is still here (its locks go with it). Also
+    /// says whether it was opened now: see [`Self::forget_if_unused`].
+    fn lock_fd(
+        &self,
+        node: NodeId,
+        owner: u64,
+        generation: u64,
+    ) -> SysResult<(Arc<OwnerFd>, bool)> {
+        let current = self.locks.owners.get(&(node, owner)).map(|e| e.clone());
+        match current {
+            Some(e) if e.generation >= generation => return Ok((e, false)),
+            Some(_) => {}
+            None if self.locks.owners.len() >= self.export.max_handles => {
+                return Err(WireErrno::ENOLCK)
+            }
+            None => {}
         }
         let (n, path_fd) = self.openable_node(node)?;
         // Write locks need a writable description; fall back to read-only where the
@@ -122,20 +138,26 @@ impl ExportFs {
                 r => r?,
             }
         };
-        Ok((
-            self.locks
-                .owners
-                .entry((node, owner))
-                .or_insert(Arc::new(fd))
-                .clone(),
-            true,
-        ))
+        let new = Arc::new(OwnerFd { fd, generation });
+        match self.locks.owners.entry((node, owner)) {
+            dashmap::Entry::Occupied(o) if o.get().generation >= generation => {
+                Ok((o.get().clone(), false))
+            }
+            dashmap::Entry::Occupied(mut o) => {
+                o.insert(new.clone());
+                Ok((new, true))
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(new.clone());
+                Ok((new, true))
+            }
+        }
     }
 
     /// After a failed first lock of an owner: closes the description opened for it, unless
     /// another request of the same owner uses it meanwhile. Else every refused `flock -n`
     /// of a new process would keep a descriptor until the guest forgets the file.
-    fn forget_if_unused(&self, node: NodeId, owner: u64, fd: Arc<OwnedFd>) {
+    fn forget_if_unused(&self, node: NodeId, owner: u64, fd: Arc<OwnerFd>) {
         // Under the map's lock: a request that got the description from the map holds a
         // third reference, and none can get it while this runs.
         self.locks.owners.remove_if(&(node, owner), |_, held| {
@@ -144,15 +166,20 @@ impl ExportFs {
     }
 
     /// SETLK: take, change or drop `lock` without waiting.
-    pub(super) fn setlk(&self, node: NodeId, lock: LockSpec) -> SysResult<Reply> {
-        if lock.typ == lock_type::UNLOCK && !self.locks.owners.contains_key(&(node, lock.owner)) {
-            // This owner holds nothing here: nothing to drop, no description to open.
-            return Ok(Reply::Empty);
+    pub(super) fn setlk(&self, node: NodeId, lock: LockSpec, generation: u64) -> SysResult<Reply> {
+        if lock.typ == lock_type::UNLOCK {
+            // An older generation's locks are released already, as far as the guest knows.
+            (self.locks.owners).remove_if(&(node, lock.owner), |_, e| e.generation < generation);
+            if !self.locks.owners.contains_key(&(node, lock.owner)) {
+                // This owner holds nothing here: nothing to drop, no description to open.
+                return Ok(Reply::Empty);
+            }
         }
         if self.is_wal_dms(&lock) && self.is_wal_index(node)? {
-            return self.wal_dms_lock(node, lock);
+            return self.wal_dms_lock(node, lock, generation);
         }
-        let (fd, new) = self.lock_fd(node, lock.owner)?;
+        let (owner_fd, new) = self.lock_fd(node, lock.owner, generation)?;
+        let fd = &owner_fd.fd;
         let taken = if lock.flock {
             let op = match lock.typ {
                 lock_type::READ => libc::LOCK_SH,
@@ -168,7 +195,7 @@ impl ExportFs {
         };
         if let Err(e) = taken {
             if new {
-                self.forget_if_unused(node, lock.owner, fd);
+                self.forget_if_unused(node, lock.owner, owner_fd);
             }
             return Err(e);
         }
@@ -222,11 +249,14 @@ impl ExportFs {
                 } else {
                     libc::O_RDONLY | libc::O_NONBLOCK
                 };
-                Arc::new(self.reopen(&path_fd, flags)?)
+                Arc::new(OwnerFd {
+                    fd: self.reopen(&path_fd, flags)?,
+                    generation: 0,
+                })
             }
         };
         let probe = RangeLock::request(fcntl_type(lock.typ), start, len);
-        Ok(match sys::ofd_getlk(fd.as_fd(), &probe)? {
+        Ok(match sys::ofd_getlk(fd.fd.as_fd(), &probe)? {
             None => free,
             Some(c) => Reply::Lock {
                 typ: if c.typ == libc::F_WRLCK as i16 {
@@ -259,7 +289,7 @@ impl ExportFs {
 
     /// A DMS lock on a WAL index (see the module's comment): taken or dropped on
     /// SESSION_DMS, with the session's hold on the index taken first or given back after.
-    fn wal_dms_lock(&self, node: NodeId, lock: LockSpec) -> SysResult<Reply> {
+    fn wal_dms_lock(&self, node: NodeId, lock: LockSpec, generation: u64) -> SysResult<Reply> {
         let mut guards = self.locks.wal_guards.lock().unwrap();
         if lock.typ != lock_type::UNLOCK && !guards.contains_key(&node) {
             let (_, path_fd) = self.openable_node(node)?;
@@ -278,10 +308,10 @@ impl ExportFs {
             guards.insert(node, guard);
         }
         let own = RangeLock::request(fcntl_type(lock.typ), SESSION_DMS as i64, 1);
-        let r = self.lock_fd(node, lock.owner).and_then(|(fd, new)| {
-            let r = sys::ofd_setlk(fd.as_fd(), &own);
+        let r = (self.lock_fd(node, lock.owner, generation)).and_then(|(owner_fd, new)| {
+            let r = sys::ofd_setlk(owner_fd.fd.as_fd(), &own);
             if r.is_err() && new {
-                self.forget_if_unused(node, lock.owner, fd);
+                self.forget_if_unused(node, lock.owner, owner_fd);
             }
             r
         });
@@ -290,9 +320,10 @@ impl ExportFs {
         r.map(|_| Reply::Empty)
     }
 
-    /// LOCK_RELEASE: closes `owner`'s description of `node`, which drops all its locks.
-    pub(super) fn lock_release(&self, node: NodeId, owner: u64) -> Reply {
-        self.locks.owners.remove(&(node, owner));
+    /// LOCK_RELEASE: closes `owner`'s description of `node`, which drops all its locks,
+    /// unless it is for a later generation than `generation`.
+    pub(super) fn lock_release(&self, node: NodeId, owner: u64, generation: u64) -> Reply {
+        (self.locks.owners).remove_if(&(node, owner), |_, e| e.generation <= generation);
         let mut guards = self.locks.wal_guards.lock().unwrap();
         LockTable::release_unused_guard(&mut guards, node);
         Reply::Empty

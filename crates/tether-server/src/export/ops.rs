@@ -453,9 +453,17 @@ impl ExportFs {
         match req {
             Hello(_) | Auth { .. } => Err(WireErrno::EINVAL),
             Ping => Ok(Reply::Empty),
-            Setlk { node, lock } => self.setlk(node, lock),
+            Setlk {
+                node,
+                lock,
+                generation,
+            } => self.setlk(node, lock, generation),
             Getlk { node, lock } => self.getlk(node, lock),
-            LockRelease { node, owner } => Ok(self.lock_release(node, owner)),
+            LockRelease {
+                node,
+                owner,
+                generation,
+            } => Ok(self.lock_release(node, owner, generation)),
             Lookup { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;

@@ -9,6 +9,8 @@ lock.py MODE KIND PATH [START LEN]
                the file and print "closed"; exits at end of input
         getlk  F_GETLK / F_OFD_GETLK for a write lock: prints "unlocked" or
                "read|write START LEN" of the conflicting lock
+        count  START times: open the file, lock it (waiting), add 1 to the number in
+               it, close it (which drops the lock); prints "done"
   KIND  posix (fcntl F_SETLK), ofd (F_OFD_SETLK) or flock
   START LEN  the byte range (default 0 0: the whole file); ignored for flock
 """
@@ -19,6 +21,18 @@ import struct
 import sys
 
 mode, kind, path = sys.argv[1:4]
+if mode == "count":
+    for _ in range(int(sys.argv[4])):
+        fd = os.open(path, os.O_RDWR)
+        if kind == "flock":
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        n = int(os.pread(fd, 32, 0).decode().strip() or "0")
+        os.pwrite(fd, ("%d" % (n + 1)).ljust(32).encode(), 0)
+        os.close(fd)
+    print("done")
+    sys.exit(0)
 start, length = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (0, 0)
 fd = os.open(path, os.O_RDWR)
 
