@@ -22,8 +22,10 @@
 //! its root sends STATFS), which a handler or the RPC reader thread must never do.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,7 @@ use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
 use crate::fuse_fs::errno;
+use crate::restore::Known;
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::MountDir;
 
@@ -42,6 +45,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(20);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long an interrupt for a request not (yet) known here is remembered.
 const INTERRUPT_MEMORY: Duration = Duration::from_secs(5);
+
+/// Files that SQLite keeps next to a database `DB` it locks: DB-journal, DB-wal, DB-shm.
+const COMPANION_SUFFIXES: [&str; 3] = ["-journal", "-wal", "-shm"];
 
 /// One lock request as the FUSE handler got it.
 pub struct LockRequest {
@@ -79,30 +85,41 @@ enum Cmd {
 struct Holder {
     owner: u64,
     tgid: u32,
+    /// A flock (it belongs to an open file, which the process may share).
+    flock: bool,
+    /// The process's parent when the lock was granted (0: unknown).
+    parent: u32,
 }
 
 /// The handle the FUSE adapter uses; cheap to clone.
 #[derive(Clone)]
 pub struct Locks {
     tx: Sender<Cmd>,
-    notifier: Arc<OnceLock<Notifier>>,
+    session: Arc<OnceLock<Attached>>,
     granted: Arc<HeldLocks>,
+}
+
+/// What the lock thread needs of the FUSE session, once it exists.
+struct Attached {
+    notifier: Notifier,
+    known: Arc<Known>,
 }
 
 impl Locks {
     /// Starts the lock thread for the mount at `dir`.
     pub fn start(conn: Arc<Connection>, dir: Arc<MountDir>) -> io::Result<Locks> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let notifier = Arc::new(OnceLock::new());
+        let session = Arc::new(OnceLock::new());
         let granted = Arc::new(HeldLocks::default());
         let state = LockThread {
             conn: conn.clone(),
             dir,
-            notifier: notifier.clone(),
+            session: session.clone(),
             granted: granted.clone(),
             tx: tx.clone(),
             held: HashMap::new(),
             generations: HashMap::new(),
+            mount_id: None,
             waiting: BTreeMap::new(),
             in_flight: HashMap::new(),
             interrupted: HashMap::new(),
@@ -115,7 +132,7 @@ impl Locks {
             .spawn(move || state.run(rx))?;
         Ok(Locks {
             tx,
-            notifier,
+            session,
             granted,
         })
     }
@@ -125,9 +142,10 @@ impl Locks {
         self.granted.clone()
     }
 
-    /// The session's notifier, once the session exists: granted locks revalidate the cache.
-    pub fn set_notifier(&self, notifier: Notifier) {
-        let _ = self.notifier.set(notifier);
+    /// The session's notifier and known nodes, once the session exists: granted locks
+    /// revalidate the cache.
+    pub fn attach(&self, notifier: Notifier, known: Arc<Known>) {
+        let _ = self.session.set(Attached { notifier, known });
     }
 
     /// SETLK/SETLKW from the kernel.
@@ -208,7 +226,7 @@ fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: Repl
 struct LockThread {
     conn: Arc<Connection>,
     dir: Arc<MountDir>,
-    notifier: Arc<OnceLock<Notifier>>,
+    session: Arc<OnceLock<Attached>>,
     granted: Arc<HeldLocks>,
     tx: Sender<Cmd>,
     /// Who may hold locks on which node (owners are added when the server grants a lock and
@@ -217,6 +235,8 @@ struct LockThread {
     /// How many times each (node, owner)'s locks were released: the generation its next
     /// SETLK carries (protocol.md §16).
     generations: HashMap<(NodeId, u64), u64>,
+    /// The mount's id in /proc (found once).
+    mount_id: Option<u64>,
     /// Blocking requests waiting for their next try, by when it is due.
     waiting: BTreeMap<(Instant, u64), (LockRequest, ReplyEmpty, Duration)>,
     /// Blocking requests whose retry is at the server now: true once interrupted.
@@ -380,9 +400,14 @@ impl LockThread {
         let h = Holder {
             owner: req.lock.owner,
             tgid: req.tgid,
+            flock: req.lock.flock,
+            parent: parent_of(req.tgid).unwrap_or(0),
         };
         let holders = self.held.entry(req.node).or_default();
-        if !holders.contains(&h) {
+        if !holders
+            .iter()
+            .any(|x| x.owner == h.owner && x.tgid == h.tgid)
+        {
             holders.push(h);
         }
         if self.watch.is_none() {
@@ -404,9 +429,21 @@ impl LockThread {
     /// on its way. Lock, then read, sees their writes: what databases (SQLite's rollback
     /// journal) and tools that lock a file to update it rely on. Here, not on a FUSE worker:
     /// invalidating may wait for a read in progress on the same file.
+    ///
+    /// The names of the lock's companion files go too: SQLite decides from whether
+    /// `DB-journal` exists, right after locking `DB`, whether a crashed writer left a hot
+    /// journal; a cached name another mount removed a moment ago would send it to roll
+    /// back a journal that is not there.
     fn revalidate(&self, node: NodeId) {
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(node), 0, 0);
+        let Some(s) = self.session.get() else {
+            return;
+        };
+        let _ = s.notifier.inval_inode(INodeNo(node), 0, 0);
+        if let Some((parent, name)) = s.known.place_of(node) {
+            for suffix in COMPANION_SUFFIXES {
+                let companion = [&name[..], suffix.as_bytes()].concat();
+                let _ = (s.notifier).inval_entry(INodeNo(parent), OsStr::from_bytes(&companion));
+            }
         }
     }
 
@@ -430,7 +467,11 @@ impl LockThread {
                 .copied()
                 .collect();
             for h in gone {
-                self.release(node, h);
+                if h.tgid == pid {
+                    self.release(node, h);
+                } else {
+                    self.inherit_or_release(node, h);
+                }
             }
         }
     }
@@ -468,8 +509,41 @@ impl LockThread {
             .filter(|(_, h)| !process_exists(h.tgid))
             .collect();
         for (node, h) in gone {
-            self.release(node, h);
+            self.inherit_or_release(node, h);
         }
+    }
+
+    /// `h`'s process is gone. A flock belongs to an open file, which the process may have
+    /// shared with its parent: in a shell script's `exec 9>lock; flock 9`, flock(1) is a
+    /// child that locks the script's descriptor and exits at once. While the parent still
+    /// has the file open, the lock stays, now held by the parent (whose final close or exit
+    /// drops it); otherwise it is released.
+    fn inherit_or_release(&mut self, node: NodeId, h: Holder) {
+        let mount_id = self.mount_id();
+        let heir = (h.flock && h.parent > 1 && process_exists(h.parent))
+            .then_some(h.parent)
+            .filter(|p| mount_id.is_some_and(|m| has_open(*p, m, node)));
+        match heir {
+            Some(parent) => {
+                if let Some(x) =
+                    (self.held.get_mut(&node)).and_then(|hs| hs.iter_mut().find(|x| **x == h))
+                {
+                    x.tgid = parent;
+                    x.parent = parent_of(parent).unwrap_or(0);
+                }
+            }
+            None => self.release(node, h),
+        }
+    }
+
+    /// The mount's id, as /proc/*/fdinfo gives it for its files.
+    fn mount_id(&mut self) -> Option<u64> {
+        if self.mount_id.is_none() {
+            self.mount_id = (self.dir)
+                .with(|root| fdinfo_field(std::process::id(), root.as_raw_fd(), "mnt_id:"))
+                .flatten();
+        }
+        self.mount_id
     }
 
     fn unwatch_if_idle(&mut self) {
@@ -706,10 +780,35 @@ fn read_closes(group: &OwnedFd, out: &mut Vec<(NodeId, u32)>) {
 
 /// The inode number (= node id) of an open file, from /proc (fstat could ask the server).
 fn inode_number(file: &OwnedFd) -> Option<NodeId> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    fdinfo_field(std::process::id(), file.as_raw_fd(), "ino:")
+}
+
+/// A number from /proc/PID/fdinfo/FD (`ino:`, `mnt_id:`): no request to any file system.
+fn fdinfo_field(pid: u32, fd: i32, field: &str) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
     info.lines()
-        .find_map(|l| l.strip_prefix("ino:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether process `pid` has a descriptor open on `node` of the mount `mount_id`.
+fn has_open(pid: u32, mount_id: u64, node: NodeId) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .any(|fd| {
+            fdinfo_field(pid, fd, "mnt_id:") == Some(mount_id)
+                && fdinfo_field(pid, fd, "ino:") == Some(node)
+        })
+}
+
+/// A process's parent, from /proc/PID/stat (the field after the parenthesised name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -131,15 +131,16 @@ impl Mounted {
             fixer,
             locks.clone(),
         );
+        let known = fs.known();
         conn.set_restorer(Arc::new(Restore::new(
-            fs.known(),
+            known.clone(),
             co.clone(),
             locks.as_ref().map(|l| l.held()),
         )));
         let session = Session::new(fs, mountpoint, &config)?;
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(l) = &locks {
-            l.set_notifier(session.notifier());
+            l.attach(session.notifier(), known);
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
         if co.fixer().is_some() {

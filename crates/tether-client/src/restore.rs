@@ -57,6 +57,11 @@ impl Known {
         self.place(parent, name, node, 1);
     }
 
+    /// Where `node` was last seen: (parent, name).
+    pub fn place_of(&self, node: NodeId) -> Option<(NodeId, Box<[u8]>)> {
+        self.places.get(&node).map(|p| (p.parent, p.name.clone()))
+    }
+
     /// Records `node`'s place, adding `lookups` to its count.
     fn place(&self, parent: NodeId, name: &[u8], node: NodeId, lookups: u64) {
         if node == ROOT_NODE || node == 0 || name == b"." || name == b".." {

@@ -406,6 +406,44 @@ fn locks_are_taken_again_after_a_server_restart() {
 }
 
 #[test]
+fn a_flock_taken_by_flock1_for_its_shell_lasts_as_long_as_the_shells_descriptor() {
+    require_mount!();
+    let py = require_python!();
+    let t = TestMount::start();
+    std::fs::write(t.export.join("lock"), b"").unwrap();
+    // The usual shell idiom: flock(1) is a child that locks the shell's descriptor 9 and
+    // exits at once; the lock is the shell's until it closes the descriptor.
+    let script = "exec 9>\"$1\"; flock -n 9 || exit 3; echo locked; read x";
+    let mut shell = Command::new("bash")
+        .args(["-c", script, "bash"])
+        .arg(t.mnt.join("lock"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run bash");
+    let mut line = String::new();
+    BufReader::new(shell.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    // Past the sweep that drops the locks of processes that have exited (1 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        lock_once(py, &["try", "flock"], &t.export.join("lock")),
+        "busy"
+    );
+    assert_eq!(
+        lock_once(py, &["try", "flock"], &t.mnt.join("lock")),
+        "busy"
+    );
+    drop(shell.stdin.take()); // the shell ends, closing descriptor 9
+    shell.wait().unwrap();
+    eventually_got(Duration::from_secs(5), || {
+        lock_once(py, &["try", "flock"], &t.export.join("lock"))
+    });
+}
+
+#[test]
 fn local_locks_stay_in_the_guest() {
     require_mount!();
     let py = require_python!();
