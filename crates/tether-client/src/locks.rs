@@ -404,11 +404,14 @@ impl LockThread {
             parent: parent_of(req.tgid).unwrap_or(0),
         };
         let holders = self.held.entry(req.node).or_default();
-        if !holders
-            .iter()
-            .any(|x| x.owner == h.owner && x.tgid == h.tgid)
+        match holders
+            .iter_mut()
+            .find(|x| x.owner == h.owner && x.tgid == h.tgid)
         {
-            holders.push(h);
+            // An open file can carry OFD locks and a flock: it counts as a flock only while
+            // it has only ever had flocks (the closing rules keep fcntl locks longer).
+            Some(x) => x.flock &= h.flock,
+            None => holders.push(h),
         }
         if self.watch.is_none() {
             // Before the kernel hears "granted": a close right after it must be seen.
@@ -467,10 +470,10 @@ impl LockThread {
                 .copied()
                 .collect();
             for h in gone {
-                if h.tgid == pid {
-                    self.release(node, h);
-                } else {
+                if h.tgid != pid {
                     self.inherit_or_release(node, h);
+                } else if h.flock || !self.still_open_by(pid, node) {
+                    self.release(node, h);
                 }
             }
         }
@@ -534,6 +537,18 @@ impl LockThread {
             }
             None => self.release(node, h),
         }
+    }
+
+    /// Whether process `pid` still has a descriptor of `node`. The kernel does not say
+    /// which open file a close ended, nor whether a fcntl lock is a POSIX or an OFD one,
+    /// so a process's fcntl locks on a file stay while it has the file open at all:
+    /// closing one of two descriptors keeps them (POSIX would drop the POSIX ones), and an
+    /// OFD lock on one descriptor survives the close of another (as it should). Not for
+    /// flock: its owner is the open file, so a lock kept past its file's close would
+    /// exclude the same process's next open of it forever.
+    fn still_open_by(&mut self, pid: u32, node: NodeId) -> bool {
+        self.mount_id()
+            .is_some_and(|m| process_exists(pid) && has_open(pid, m, node))
     }
 
     /// The mount's id, as /proc/*/fdinfo gives it for its files.
