@@ -655,9 +655,6 @@ impl Filesystem for TetherFs {
             return; // never known to the server
         }
         self.co.forget(ino.0);
-        if let Some(l) = &self.locks {
-            l.forgotten(ino.0);
-        }
         // Sent before the count drops: a reconnect's restore then either counts these
         // lookups and gets the FORGET after it, or counts none of them.
         self.conn.send_oneway(
@@ -668,6 +665,10 @@ impl Filesystem for TetherFs {
         );
         if self.known.forgotten(ino.0, nlookup) {
             self.co.forget_file(ino.0);
+            // Only now: the server drops a node's locks when the kernel holds no lookup.
+            if let Some(l) = &self.locks {
+                l.forgotten(ino.0);
+            }
         }
     }
 

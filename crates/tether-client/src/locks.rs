@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use dashmap::DashSet;
 use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
@@ -97,6 +98,8 @@ pub struct Locks {
     tx: Sender<Cmd>,
     session: Arc<OnceLock<Attached>>,
     granted: Arc<HeldLocks>,
+    /// Nodes with lock state here: a FORGET of any other costs the lock thread nothing.
+    locked: Arc<DashSet<NodeId>>,
 }
 
 /// What the lock thread needs of the FUSE session, once it exists.
@@ -111,11 +114,13 @@ impl Locks {
         let (tx, rx) = crossbeam_channel::unbounded();
         let session = Arc::new(OnceLock::new());
         let granted = Arc::new(HeldLocks::default());
+        let locked = Arc::new(DashSet::new());
         let state = LockThread {
             conn: conn.clone(),
             dir,
             session: session.clone(),
             granted: granted.clone(),
+            locked: locked.clone(),
             tx: tx.clone(),
             held: HashMap::new(),
             generations: HashMap::new(),
@@ -134,6 +139,7 @@ impl Locks {
             tx,
             session,
             granted,
+            locked,
         })
     }
 
@@ -165,8 +171,11 @@ impl Locks {
         let _ = self.tx.send(Cmd::Interrupt(unique));
     }
 
+    /// The kernel holds no lookup of `node` any more.
     pub fn forgotten(&self, node: NodeId) {
-        let _ = self.tx.send(Cmd::Forgotten(node));
+        if self.locked.contains(&node) {
+            let _ = self.tx.send(Cmd::Forgotten(node));
+        }
     }
 }
 
@@ -228,6 +237,7 @@ struct LockThread {
     dir: Arc<MountDir>,
     session: Arc<OnceLock<Attached>>,
     granted: Arc<HeldLocks>,
+    locked: Arc<DashSet<NodeId>>,
     tx: Sender<Cmd>,
     /// Who may hold locks on which node (owners are added when the server grants a lock and
     /// removed when their file is closed).
@@ -279,6 +289,7 @@ impl LockThread {
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Set(mut req, reply) => {
+                self.locked.insert(req.node);
                 self.drain_closes();
                 if req.wait {
                     if self.interrupted.remove(&req.unique).is_some() {
@@ -355,6 +366,7 @@ impl LockThread {
                 }
             }
             Cmd::Forgotten(node) => {
+                self.locked.remove(&node);
                 self.held.remove(&node);
                 self.generations.retain(|(n, _), _| *n != node);
                 self.granted.forget_node(node);
