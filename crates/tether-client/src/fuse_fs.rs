@@ -127,11 +127,7 @@ fn lock_spec(owner: LockOwner, flock: bool, typ: i32, start: u64, end: u64) -> L
     LockSpec {
         owner: owner.0,
         flock,
-        typ: match typ {
-            libc::F_RDLCK => lock_type::READ,
-            libc::F_WRLCK => lock_type::WRITE,
-            _ => lock_type::UNLOCK,
-        },
+        typ: lock_type::from_fcntl(typ),
         start,
         end: if end >= i64::MAX as u64 {
             u64::MAX
@@ -584,11 +580,7 @@ impl Filesystem for TetherFs {
             Reply::Lock {
                 typ, start, end, ..
             } => {
-                let typ = match typ {
-                    lock_type::READ => libc::F_RDLCK,
-                    lock_type::WRITE => libc::F_WRLCK,
-                    _ => libc::F_UNLCK,
-                };
+                let typ = lock_type::to_fcntl(typ);
                 // The holder may be on the host or in another guest: its pid means nothing
                 // here, so none is given (as NFS does for remote holders).
                 reply.locked(start, end.min(i64::MAX as u64), typ, 0);

@@ -143,6 +143,24 @@ pub mod lock_type {
     pub const UNLOCK: u8 = 0;
     pub const READ: u8 = 1;
     pub const WRITE: u8 = 2;
+
+    /// The wire type for fcntl's F_RDLCK, F_WRLCK (anything else: UNLOCK).
+    pub fn from_fcntl(typ: i32) -> u8 {
+        match typ {
+            libc::F_RDLCK => READ,
+            libc::F_WRLCK => WRITE,
+            _ => UNLOCK,
+        }
+    }
+
+    /// fcntl's type for a wire type.
+    pub fn to_fcntl(typ: u8) -> i32 {
+        match typ {
+            READ => libc::F_RDLCK,
+            WRITE => libc::F_WRLCK,
+            _ => libc::F_UNLCK,
+        }
+    }
 }
 
 /// A byte-range lock as SETLK and GETLK describe it. `end` is inclusive; `u64::MAX` means

@@ -2784,3 +2784,15 @@ fn golden_goodbye_push() {
     .concat();
     assert_frame("GOODBYE push", &tether_proto::goodbye_frame(), &expected);
 }
+
+#[test]
+fn lock_types_map_to_fcntl_and_back() {
+    for (wire, host) in [
+        (lock_type::UNLOCK, libc::F_UNLCK),
+        (lock_type::READ, libc::F_RDLCK),
+        (lock_type::WRITE, libc::F_WRLCK),
+    ] {
+        assert_eq!(lock_type::to_fcntl(wire), host);
+        assert_eq!(lock_type::from_fcntl(host), wire);
+    }
+}

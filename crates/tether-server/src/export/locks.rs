@@ -93,14 +93,6 @@ fn host_range(lock: &LockSpec) -> SysResult<(i64, i64)> {
     Ok((start, len))
 }
 
-fn fcntl_type(typ: u8) -> libc::c_int {
-    match typ {
-        lock_type::READ => libc::F_RDLCK,
-        lock_type::WRITE => libc::F_WRLCK,
-        _ => libc::F_UNLCK,
-    }
-}
-
 impl ExportFs {
     /// The open file description for `owner`'s locks of `generation` on `node`, opened on
     /// first use or when an older generation's is still here (its locks go with it). Also
@@ -120,25 +112,10 @@ impl ExportFs {
             }
             None => {}
         }
-        let (n, path_fd) = self.openable_node(node)?;
-        // Write locks need a writable description; fall back to read-only where the
-        // server may not write (read-only export, file mode), so read locks still work.
-        let fd = if n.is_dir() {
-            self.reopen(&path_fd, libc::O_RDONLY | libc::O_DIRECTORY)?
-        } else if self.export.read_only {
-            self.reopen(&path_fd, libc::O_RDONLY)?
-        } else {
-            let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK;
-            match self.reopen(&path_fd, flags) {
-                Err(e)
-                    if [WireErrno::EACCES, WireErrno::EROFS, WireErrno::ETXTBSY].contains(&e) =>
-                {
-                    self.reopen(&path_fd, libc::O_RDONLY | libc::O_NONBLOCK)?
-                }
-                r => r?,
-            }
-        };
-        let new = Arc::new(OwnerFd { fd, generation });
+        let new = Arc::new(OwnerFd {
+            fd: self.lock_description(node)?,
+            generation,
+        });
         match self.locks.owners.entry((node, owner)) {
             dashmap::Entry::Occupied(o) if o.get().generation >= generation => {
                 Ok((o.get().clone(), false))
@@ -151,6 +128,26 @@ impl ExportFs {
                 v.insert(new.clone());
                 Ok((new, true))
             }
+        }
+    }
+
+    /// A new open file description of `node` to hold locks. Write locks need a writable
+    /// one; read-only where the server may not write (read-only export, file mode), so read
+    /// locks still work.
+    fn lock_description(&self, node: NodeId) -> SysResult<OwnedFd> {
+        let (n, path_fd) = self.openable_node(node)?;
+        if n.is_dir() {
+            return self.reopen(&path_fd, libc::O_RDONLY | libc::O_DIRECTORY);
+        }
+        let read_only = libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK;
+        if self.export.read_only {
+            return self.reopen(&path_fd, read_only);
+        }
+        match self.reopen(&path_fd, libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK) {
+            Err(e) if [WireErrno::EACCES, WireErrno::EROFS, WireErrno::ETXTBSY].contains(&e) => {
+                self.reopen(&path_fd, read_only)
+            }
+            r => r,
         }
     }
 
@@ -189,7 +186,7 @@ impl ExportFs {
             sys::flock_nb(fd.as_fd(), op)
         } else {
             host_range(&lock).and_then(|(start, len)| {
-                let l = RangeLock::request(fcntl_type(lock.typ), start, len);
+                let l = RangeLock::request(lock_type::to_fcntl(lock.typ), start, len);
                 sys::ofd_setlk(fd.as_fd(), &l)
             })
         };
@@ -239,31 +236,20 @@ impl ExportFs {
             .locks
             .owners
             .get(&(node, lock.owner))
-            .map(|f| f.clone());
-        let fd = match own {
-            Some(fd) => fd,
+            .map(|o| o.clone());
+        let temporary;
+        let fd = match &own {
+            Some(o) => o.fd.as_fd(),
             None => {
-                let (n, path_fd) = self.openable_node(node)?;
-                let flags = if n.is_dir() {
-                    libc::O_RDONLY | libc::O_DIRECTORY
-                } else {
-                    libc::O_RDONLY | libc::O_NONBLOCK
-                };
-                Arc::new(OwnerFd {
-                    fd: self.reopen(&path_fd, flags)?,
-                    generation: 0,
-                })
+                temporary = self.lock_description(node)?;
+                temporary.as_fd()
             }
         };
-        let probe = RangeLock::request(fcntl_type(lock.typ), start, len);
-        Ok(match sys::ofd_getlk(fd.fd.as_fd(), &probe)? {
+        let probe = RangeLock::request(lock_type::to_fcntl(lock.typ), start, len);
+        Ok(match sys::ofd_getlk(fd, &probe)? {
             None => free,
             Some(c) => Reply::Lock {
-                typ: if c.typ == libc::F_WRLCK as i16 {
-                    lock_type::WRITE
-                } else {
-                    lock_type::READ
-                },
+                typ: lock_type::from_fcntl(c.typ.into()),
                 start: if session_dms { WAL_DMS } else { c.start as u64 },
                 end: if session_dms {
                     WAL_DMS
@@ -283,8 +269,7 @@ impl ExportFs {
     }
 
     fn is_wal_index(&self, node: NodeId) -> SysResult<bool> {
-        let (n, _) = self.openable_node(node)?;
-        Ok(n.name_ends_with(WAL_INDEX_SUFFIX))
+        Ok(self.nodes.get(node)?.name_ends_with(WAL_INDEX_SUFFIX))
     }
 
     /// A DMS lock on a WAL index (see the module's comment): taken or dropped on
@@ -292,8 +277,7 @@ impl ExportFs {
     fn wal_dms_lock(&self, node: NodeId, lock: LockSpec, generation: u64) -> SysResult<Reply> {
         let mut guards = self.locks.wal_guards.lock().unwrap();
         if lock.typ != lock_type::UNLOCK && !guards.contains_key(&node) {
-            let (_, path_fd) = self.openable_node(node)?;
-            let guard = self.reopen(&path_fd, libc::O_RDWR | libc::O_NONBLOCK)?;
+            let guard = self.lock_description(node)?;
             let dms = RangeLock::request(libc::F_WRLCK, WAL_DMS as i64, 1);
             if let Err(e) = sys::ofd_setlk(guard.as_fd(), &dms) {
                 if self.locks.wal_refused.lock().unwrap().insert(node) {
@@ -307,7 +291,7 @@ impl ExportFs {
             }
             guards.insert(node, guard);
         }
-        let own = RangeLock::request(fcntl_type(lock.typ), SESSION_DMS as i64, 1);
+        let own = RangeLock::request(lock_type::to_fcntl(lock.typ), SESSION_DMS as i64, 1);
         let r = (self.lock_fd(node, lock.owner, generation)).and_then(|(owner_fd, new)| {
             let r = sys::ofd_setlk(owner_fd.fd.as_fd(), &own);
             if r.is_err() && new {
