@@ -11,15 +11,15 @@
 //!   answers FLUSH with ENOSYS (a FLUSH round trip on every close would cost warm reads
 //!   several times their time), so nothing in FUSE says when a locked file is closed. While
 //!   this guest holds a lock, a fanotify mark on the mount reports every final close with the
-//!   closing process; a close of a locked node by the process that took a lock there drops
-//!   that process's locks on it (LOCK_RELEASE), and locks of processes that no longer exist
-//!   are dropped by a sweep every second. That is POSIX's "closing the file drops the
-//!   process's locks" and flock's "the last close of the open file drops it", except that
-//!   closing one of several descriptors of the same open file does not count (docs).
+//!   closing process, and the locks that close ends are dropped (LOCK_RELEASE); locks of
+//!   processes that no longer exist are dropped by a sweep every second. The rules, and
+//!   where they only approximate POSIX: docs/coherence.md, "Locks".
+//! - **Ordering.** Every SETLK goes through the lock thread after it has read the close
+//!   events queued so far, and carries the owner's release generation (protocol.md §16).
 //!
 //! All state lives on one thread, fed by a channel: the FUSE handlers, the reply callbacks
-//! and the fanotify reader never touch it, and the thread may block on the mount (opening
-//! its root sends STATFS), which a handler or the RPC reader thread must never do.
+//! and the close waker never touch it, and the thread may block on the mount (opening its
+//! root sends STATFS), which a handler or the RPC reader thread must never do.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
@@ -179,15 +179,17 @@ impl Locks {
     }
 }
 
-/// Sends a SETLK to the server (from the lock thread, `req.generation` set).
+/// Sends a SETLK to the server (from the lock thread, `req.generation` set); a grant is
+/// recorded as its answer comes, on the reader thread (in the order the server granted
+/// them), then `then` gets the answer.
 fn send_setlk(
     conn: &Connection,
-    tx: &Sender<Cmd>,
     granted: &Arc<HeldLocks>,
     req: LockRequest,
     reply: ReplyEmpty,
+    then: impl FnOnce(LockRequest, ReplyEmpty, ReplyResult) + Send + 'static,
 ) {
-    let (tx, granted) = (tx.clone(), granted.clone());
+    let granted = granted.clone();
     let msg = Request::Setlk {
         node: req.node,
         lock: req.lock,
@@ -195,10 +197,9 @@ fn send_setlk(
     };
     conn.call(req.who, &msg, move |res: ReplyResult| {
         if matches!(res, Ok(Reply::Empty)) {
-            // Here, on the reader thread: in the order the server granted them.
             granted.granted(req.node, &req.lock, req.generation);
         }
-        first_answer(&tx, req, reply, res)
+        then(req, reply, res)
     });
 }
 
@@ -300,7 +301,14 @@ impl LockThread {
                     self.blocking.insert(req.unique);
                 }
                 req.generation = self.generation(req.node, req.lock.owner);
-                send_setlk(&self.conn, &self.tx, &self.granted, req, reply);
+                let tx = self.tx.clone();
+                send_setlk(
+                    &self.conn,
+                    &self.granted,
+                    req,
+                    reply,
+                    move |req, reply, res| first_answer(&tx, req, reply, res),
+                );
             }
             Cmd::Done(unique) => self.finished(unique),
             Cmd::Drain => {
@@ -309,12 +317,7 @@ impl LockThread {
                     let _ = w.drained.try_send(());
                 }
             }
-            Cmd::Granted(req, reply) => {
-                self.finished(req.unique);
-                self.hold(&req);
-                self.revalidate(req.node);
-                reply.ok();
-            }
+            Cmd::Granted(req, reply) => self.grant(req, reply),
             Cmd::Wait(req, reply, backoff) => {
                 if self.interrupted.remove(&req.unique).is_some() {
                     self.finished(req.unique);
@@ -331,13 +334,8 @@ impl LockThread {
                     self.finished(req.unique);
                 }
                 match res {
-                    Ok(Reply::Empty) => {
-                        // Granted, even if a signal came meanwhile: the call succeeded first.
-                        self.granted.granted(req.node, &req.lock, req.generation);
-                        self.hold(&req);
-                        self.revalidate(req.node);
-                        reply.ok();
-                    }
+                    // Granted, even if a signal came meanwhile: the call succeeded first.
+                    Ok(Reply::Empty) => self.grant(req, reply),
                     Err(WireErrno::EAGAIN) if interrupted => reply.error(Errno::EINTR),
                     Err(WireErrno::EAGAIN) => {
                         let next = (backoff * 2).min(MAX_BACKOFF);
@@ -375,6 +373,14 @@ impl LockThread {
         }
     }
 
+    /// The server granted `req`: remember who holds it, revalidate, answer the kernel.
+    fn grant(&mut self, req: LockRequest, reply: ReplyEmpty) {
+        self.finished(req.unique);
+        self.hold(&req);
+        self.revalidate(req.node);
+        reply.ok();
+    }
+
     /// A blocking request got its final answer.
     fn finished(&mut self, unique: u64) {
         self.blocking.remove(&unique);
@@ -392,18 +398,19 @@ impl LockThread {
             self.in_flight.insert(req.unique, false);
             req.generation = self.generation(req.node, req.lock.owner);
             let tx = self.tx.clone();
-            let msg = Request::Setlk {
-                node: req.node,
-                lock: req.lock,
-                generation: req.generation,
-            };
-            self.conn.call(req.who, &msg, move |res: ReplyResult| {
-                if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
-                    if let Cmd::Retried(_, reply, _, _) = e.into_inner() {
-                        reply.error(Errno::EINTR);
+            send_setlk(
+                &self.conn,
+                &self.granted,
+                req,
+                reply,
+                move |req, reply, res| {
+                    if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
+                        if let Cmd::Retried(_, reply, _, _) = e.into_inner() {
+                            reply.error(Errno::EINTR);
+                        }
                     }
-                }
-            });
+                },
+            );
         }
     }
 
@@ -469,8 +476,8 @@ impl LockThread {
     /// Reads every close event queued so far and drops the locks the closes end.
     fn drain_closes(&mut self) {
         let mut closes = Vec::new();
-        if let Some(w) = &self.watch {
-            read_closes(&w.group, &mut closes);
+        if let Some(w) = &mut self.watch {
+            w.read_closes(&mut closes);
         }
         for (node, pid) in closes {
             let Some(holders) = self.held.get(&node) else {
@@ -534,10 +541,9 @@ impl LockThread {
     /// has the file open, the lock stays, now held by the parent (whose final close or exit
     /// drops it); otherwise it is released.
     fn inherit_or_release(&mut self, node: NodeId, h: Holder) {
-        let mount_id = self.mount_id();
-        let heir = (h.flock && h.parent > 1 && process_exists(h.parent))
+        let heir = (h.flock && h.parent > 1)
             .then_some(h.parent)
-            .filter(|p| mount_id.is_some_and(|m| has_open(*p, m, node)));
+            .filter(|p| self.still_open_by(*p, node));
         match heir {
             Some(parent) => {
                 if let Some(x) =
@@ -559,8 +565,7 @@ impl LockThread {
     /// flock: its owner is the open file, so a lock kept past its file's close would
     /// exclude the same process's next open of it forever.
     fn still_open_by(&mut self, pid: u32, node: NodeId) -> bool {
-        self.mount_id()
-            .is_some_and(|m| process_exists(pid) && has_open(pid, m, node))
+        self.mount_id().is_some_and(|m| has_open(pid, m, node))
     }
 
     /// The mount's id, as /proc/*/fdinfo gives it for its files.
@@ -702,6 +707,8 @@ struct CloseWatch {
     group: Arc<OwnedFd>,
     /// The lock thread says here that it has read what was waiting.
     drained: Sender<()>,
+    /// Where events are read (kept: the group is read before every SETLK).
+    buf: Vec<u8>,
 }
 
 impl CloseWatch {
@@ -727,7 +734,42 @@ impl CloseWatch {
         std::thread::Builder::new()
             .name("tether-lock-close".into())
             .spawn(move || wake_on_closes(watched, tx, drains))?;
-        Ok(CloseWatch { group, drained })
+        Ok(CloseWatch {
+            group,
+            drained,
+            buf: vec![0; 16 * 1024],
+        })
+    }
+
+    /// Reads the close events queued (without waiting): (node, closing process).
+    fn read_closes(&mut self, out: &mut Vec<(NodeId, u32)>) {
+        let meta_len = std::mem::size_of::<libc::fanotify_event_metadata>();
+        loop {
+            let (fd, buf) = (self.group.as_raw_fd(), &mut self.buf);
+            // SAFETY: buf is writable for its length.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return; // EAGAIN: nothing more queued
+            }
+            let mut at = 0usize;
+            while at + meta_len <= n as usize {
+                // SAFETY: at least meta_len bytes of the kernel's event are in buf at `at`.
+                let m: libc::fanotify_event_metadata =
+                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                if (m.event_len as usize) < meta_len {
+                    return;
+                }
+                at += m.event_len as usize;
+                if m.fd < 0 {
+                    continue;
+                }
+                // SAFETY: the kernel opened this descriptor for us; we own it.
+                let file = unsafe { OwnedFd::from_raw_fd(m.fd) };
+                if let Some(node) = inode_number(&file) {
+                    out.push((node, m.pid as u32));
+                }
+            }
+        }
     }
 }
 
@@ -772,37 +814,6 @@ fn mark_filesystem(group: i32, root: BorrowedFd<'_>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Reads the close events queued on `group` (without waiting): (node, closing process).
-fn read_closes(group: &OwnedFd, out: &mut Vec<(NodeId, u32)>) {
-    let mut buf = vec![0u8; 16 * 1024];
-    let meta_len = std::mem::size_of::<libc::fanotify_event_metadata>();
-    loop {
-        // SAFETY: buf is writable for its length.
-        let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            return; // EAGAIN: nothing more queued
-        }
-        let mut at = 0usize;
-        while at + meta_len <= n as usize {
-            // SAFETY: at least meta_len bytes of the kernel's event are in buf at `at`.
-            let m: libc::fanotify_event_metadata =
-                unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
-            if (m.event_len as usize) < meta_len {
-                return;
-            }
-            at += m.event_len as usize;
-            if m.fd < 0 {
-                continue;
-            }
-            // SAFETY: the kernel opened this descriptor for us; we own it.
-            let file = unsafe { OwnedFd::from_raw_fd(m.fd) };
-            if let Some(node) = inode_number(&file) {
-                out.push((node, m.pid as u32));
-            }
-        }
-    }
 }
 
 /// The inode number (= node id) of an open file, from /proc (fstat could ask the server).

@@ -259,18 +259,16 @@ impl Restore {
         }
         Ok(lost)
     }
-}
 
-impl Restore {
     /// Takes every held lock again (the new session holds none). Another process may have
     /// taken one while the server was away: that lock is lost, and said so. Returns how
-    /// many were.
-    fn locks(&self, conn: &Connection) -> Result<usize, WireErrno> {
+    /// many were taken again and how many were lost.
+    fn locks(&self, conn: &Connection) -> Result<(usize, usize), WireErrno> {
         let (Some(held), locks) = (
             &self.locks,
             std::mem::take(&mut self.snapshot.lock().unwrap().locks),
         ) else {
-            return Ok(0);
+            return Ok((0, 0));
         };
         let (tx, rx) = mpsc::channel();
         for (node, lock, generation) in locks {
@@ -289,10 +287,10 @@ impl Restore {
             });
         }
         drop(tx);
-        let mut lost = 0;
+        let (mut taken, mut lost) = (0, 0);
         for (node, lock, generation, r) in rx.iter() {
             match r {
-                Ok(_) => {}
+                Ok(_) => taken += 1,
                 Err(WireErrno::EIO) => return Err(WireErrno::EIO),
                 Err(e) => {
                     tracing::error!(
@@ -307,7 +305,7 @@ impl Restore {
                 }
             }
         }
-        Ok(lost)
+        Ok((taken, lost))
     }
 }
 
@@ -329,9 +327,8 @@ impl Restorer for Restore {
         self.co.reconnected(Duration::from_millis(100));
         let lost_nodes = self.nodes(conn)?;
         let lost_handles = self.handles(conn)?;
-        let lost_locks = self.locks(conn)?;
+        let (locks, lost_locks) = self.locks(conn)?;
         let (nodes, handles) = self.known.counts();
-        let locks = self.locks.as_ref().map_or(0, |l| l.all().len());
         tracing::warn!(
             "restored {nodes} node(s), {handles} open handle(s) and {locks} lock(s) on the new \
              connection; {lost_nodes} node(s), {lost_handles} handle(s) and {lost_locks} \
