@@ -251,39 +251,49 @@ impl ExportFs {
         fd: BorrowedFd<'_>,
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        if self.watcher.is_none() {
-            return op();
-        }
-        let mut synced = node.synced_ctime.lock().unwrap();
-        let before = sys::fstat(fd).map(|st| (st.st_ctime, st.st_ctime_nsec));
-        let r = op();
-        if before.as_ref().ok() == Some(&*synced) {
-            if let Ok(after) = sys::fstat(fd) {
-                *synced = (after.st_ctime, after.st_ctime_nsec);
-            }
-        }
-        r
+        self.own_changes(vec![(node, fd)], op)
     }
 
-    /// Runs `op`, which changes the file `name` in `dir` (its link count, its ctime), as an
-    /// own change of that file's node, if the client holds one.
-    fn own_change_of_name<T>(
+    /// [`own_change`](Self::own_change) of several nodes at once. Their states are locked
+    /// in node order, so that two changes sharing nodes cannot deadlock.
+    fn own_changes<T>(
         &self,
-        dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
+        mut nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
         if self.watcher.is_none() {
             return op();
         }
-        let held = sys::fstatat_nofollow(dir, name)
-            .ok()
-            .and_then(|st| self.nodes.find(st.st_dev, st.st_ino))
-            .and_then(|n| self.nodes.fd(&n).ok().map(|fd| (n, fd)));
-        match held {
-            Some((node, fd)) => self.own_change(&node, fd.as_fd(), op),
-            None => op(),
+        nodes.sort_by_key(|(n, _)| n.id);
+        nodes.dedup_by_key(|(n, _)| n.id);
+        let ctime = |fd| sys::fstat(fd).map(|st| (st.st_ctime, st.st_ctime_nsec));
+        let mut held: Vec<_> = nodes
+            .iter()
+            .map(|(n, fd)| (n.synced_ctime.lock().unwrap(), ctime(*fd), *fd))
+            .collect();
+        let r = op();
+        for (synced, before, fd) in &mut held {
+            if before.as_ref().ok() == Some(&**synced) {
+                if let Ok(after) = ctime(*fd) {
+                    **synced = after;
+                }
+            }
         }
+        r
+    }
+
+    /// The node the client holds for the file `name` in `dir`, if any.
+    fn held_by_name(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
+        // Only a watching session tracks its own changes.
+        self.watcher.as_ref()?;
+        let st = sys::fstatat_nofollow(dir, name).ok()?;
+        let node = self.nodes.find(st.st_dev, st.st_ino)?;
+        let fd = self.nodes.fd(&node).ok()?;
+        Some((node, fd))
     }
 
     /// Before `name` is removed from `dir` (node `parent`): the node the client holds for
@@ -298,17 +308,29 @@ impl ExportFs {
         }
     }
 
-    /// Runs a change of names in directories, telling the watcher to expect its echoes.
+    /// Runs a change of names in directories, telling the watcher to expect its echoes. The
+    /// directories' ctimes change too, as do those of the files in `files` (the ones the
+    /// change links, unlinks or moves): all of it is this session's change.
     fn own_names<T>(
         &self,
         changes: &[(NodeId, &[u8], NameChange)],
+        files: &[Option<(Arc<Node>, Arc<OwnedFd>)>],
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
         let Some(w) = &self.watcher else { return op() };
+        let dirs: Vec<_> = changes
+            .iter()
+            .filter_map(|(dir, _, _)| self.node_fd(*dir).ok())
+            .collect();
+        let nodes = dirs
+            .iter()
+            .chain(files.iter().flatten())
+            .map(|(n, fd)| (&**n, fd.as_fd()))
+            .collect();
         for (dir, name, change) in changes {
             w.expect(*dir, name, *change);
         }
-        let r = op();
+        let r = self.own_changes(nodes, op);
         if r.is_err() {
             for (dir, name, change) in changes {
                 w.unexpect(*dir, name, *change);
@@ -524,11 +546,15 @@ impl ExportFs {
                 }
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
-                    self.as_caller(caller, || {
-                        sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
-                    })
-                })?;
+                self.own_names(
+                    &[(parent, name.as_bytes(), NameChange::Created)],
+                    &[],
+                    || {
+                        self.as_caller(caller, || {
+                            sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
+                        })
+                    },
+                )?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
             Mkdir {
@@ -540,9 +566,11 @@ impl ExportFs {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 let perm = mode & 0o7777 & !umask;
-                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
-                    self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm))
-                })?;
+                self.own_names(
+                    &[(parent, name.as_bytes(), NameChange::Created)],
+                    &[],
+                    || self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm)),
+                )?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
             Unlink { parent, name } => {
@@ -550,18 +578,19 @@ impl ExportFs {
                 let pfd = self.dir_fd(parent)?;
                 self.keep_if_held(parent, pfd.as_fd(), &name);
                 // Another link of the file may remain: its link count and ctime change too.
-                self.own_change_of_name(pfd.as_fd(), &name, || {
-                    self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
-                        sys::unlinkat(pfd.as_fd(), &name, 0)
-                    })
-                })
-                .map(|_| Reply::Empty)
+                let file = self.held_by_name(pfd.as_fd(), &name);
+                let change = [(parent, name.as_bytes(), NameChange::Deleted)];
+                self.own_names(&change, &[file], || sys::unlinkat(pfd.as_fd(), &name, 0))
+                    .map(|_| Reply::Empty)
             }
             Rmdir { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
                 self.keep_if_held(parent, pfd.as_fd(), &name);
-                self.own_names(&[(parent, name.as_bytes(), NameChange::Deleted)], || {
+                // The directory removed changes (its link count) too.
+                let removed = self.held_by_name(pfd.as_fd(), &name);
+                let change = [(parent, name.as_bytes(), NameChange::Deleted)];
+                self.own_names(&change, &[removed], || {
                     sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
                 })
                 .map(|_| Reply::Empty)
@@ -577,9 +606,11 @@ impl ExportFs {
                 }
                 let target = CString::new(target.to_vec()).map_err(|_| WireErrno::EINVAL)?;
                 let pfd = self.dir_fd(parent)?;
-                self.own_names(&[(parent, name.as_bytes(), NameChange::Created)], || {
-                    self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name))
-                })?;
+                self.own_names(
+                    &[(parent, name.as_bytes(), NameChange::Created)],
+                    &[],
+                    || self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name)),
+                )?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
             Rename {
@@ -602,24 +633,23 @@ impl ExportFs {
                 let pfd = self.dir_fd(new_parent)?;
                 let expect = [(new_parent, new_name.as_bytes(), NameChange::Created)];
                 // The file's link count and ctime change: that is this session's change too.
-                self.own_change(&n, fd.as_fd(), || {
-                    self.own_names(&expect, || {
-                        sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
-                            .or_else(|e| {
-                                // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-                                if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                                    sys::linkat(
-                                        self.export.proc_fd.as_fd(),
-                                        &sys::fd_name(fd.as_fd()),
-                                        pfd.as_fd(),
-                                        &new_name,
-                                        libc::AT_SYMLINK_FOLLOW,
-                                    )
-                                } else {
-                                    Err(e)
-                                }
-                            })
-                    })
+                let file = Some((n.clone(), fd.clone()));
+                self.own_names(&expect, &[file], || {
+                    sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
+                        .or_else(|e| {
+                            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+                            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                                sys::linkat(
+                                    self.export.proc_fd.as_fd(),
+                                    &sys::fd_name(fd.as_fd()),
+                                    pfd.as_fd(),
+                                    &new_name,
+                                    libc::AT_SYMLINK_FOLLOW,
+                                )
+                            } else {
+                                Err(e)
+                            }
+                        })
                 })?;
                 self.lookup_in(new_parent, pfd.as_fd(), new_name)
                     .map(Reply::Entry)
@@ -653,7 +683,7 @@ impl ExportFs {
                 // guest did not ask for O_EXCL.
                 let base = open_host_flags(flags) | libc::O_NOFOLLOW;
                 let expect = [(parent, name.as_bytes(), NameChange::Created)];
-                let created = self.own_names(&expect, || {
+                let created = self.own_names(&expect, &[], || {
                     self.as_caller(caller, || {
                         let excl = base | libc::O_CREAT | libc::O_EXCL;
                         sys::openat(pfd.as_fd(), &name, excl, perm)
@@ -991,11 +1021,14 @@ impl ExportFs {
             // A file the rename replaces loses its name.
             self.keep_if_held(new_parent, npfd.as_fd(), &new_name);
         }
-        // A rename changes the moved file's ctime: this session's change, not the host's.
-        self.own_change_of_name(pfd.as_fd(), &name, || {
-            self.own_names(&expect, || {
-                sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
-            })
+        // A rename changes the moved file's ctime, and the replaced (or exchanged) one's:
+        // this session's change, not the host's.
+        let files = [
+            self.held_by_name(pfd.as_fd(), &name),
+            self.held_by_name(npfd.as_fd(), &new_name),
+        ];
+        self.own_names(&expect, &files, || {
+            sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
         })?;
         // Keep the moved nodes findable by name should their descriptors be evicted.
         if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
