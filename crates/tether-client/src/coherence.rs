@@ -90,6 +90,9 @@ pub struct Coherence {
     /// "Invalidate everything" requests queued by reconnects, and applied.
     alls_queued: AtomicU64,
     alls_applied: AtomicU64,
+    /// Files this client created, with the push sequence when it asked: while nothing
+    /// about one has been invalidated since, it has no `security.capability`.
+    created: DashMap<NodeId, u64>,
 }
 
 /// FUSE_NOTIFY_INC_EPOCH: every dentry of the mount, positive or negative, must be looked
@@ -128,6 +131,7 @@ impl Coherence {
             waiting_names: Mutex::new(VecDeque::new()),
             alls_queued: AtomicU64::new(0),
             alls_applied: AtomicU64::new(0),
+            created: DashMap::new(),
         })
     }
 
@@ -195,6 +199,33 @@ impl Coherence {
         }
     }
 
+    /// The server made file `e` for a CREATE sent at `sent`.
+    pub fn created(&self, e: &tether_proto::Entry, sent: u64) {
+        if e.flags & tether_proto::entry_flags::NEW_FILE != 0 && self.cacheable(e.node, sent) {
+            self.created.insert(e.node, sent);
+        }
+    }
+
+    /// Whether `node` is known to have no `security.capability`: this client created it
+    /// and nothing about it was invalidated since (a host `setcap` would have been). The
+    /// kernel asks before the first write to every file (FUSE_HANDLE_KILLPRIV_V2), so this
+    /// saves a round trip per new file.
+    pub fn known_without_capability(&self, node: NodeId) -> bool {
+        let Some(sent) = self.created.get(&node).map(|s| *s) else {
+            return false;
+        };
+        let known = self.cacheable(node, sent);
+        if !known {
+            self.created.remove(&node);
+        }
+        known
+    }
+
+    /// This client is about to change `node`'s extended attributes.
+    pub fn xattrs_changing(&self, node: NodeId) {
+        self.created.remove(&node);
+    }
+
     /// The kernel caches writes: host changes to regular files go through `fixer` too.
     pub fn set_fixer(&self, fixer: Arc<AttrFixer>) {
         fixer.start();
@@ -218,6 +249,7 @@ impl Coherence {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
             self.invalidated.remove(&node);
+            self.created.remove(&node);
         }
     }
 

@@ -64,6 +64,9 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
+    /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
+    /// and truncation is the server's job, not the kernel's.
+    killpriv: bool,
 }
 
 impl TetherFs {
@@ -83,6 +86,7 @@ impl TetherFs {
             known: Arc::default(),
             fixer,
             locks,
+            killpriv: false,
         }
     }
 
@@ -537,8 +541,11 @@ impl Filesystem for TetherFs {
             | InitFlags::FUSE_BIG_WRITES;
         // The writeback cache only with pushed invalidations (the kernel would otherwise
         // never learn a host-side size or mtime) and a fixer to apply them (writeback.rs).
-        // KILLPRIV_V2 comes with it: the server clears set-user-ID on write and truncate, so
-        // the kernel may skip its security.capability lookup before every write (SB_NOSEC).
+        // KILLPRIV_V2 comes with it: the kernel marks the superblock SB_NOSEC and asks for
+        // `security.capability` once per file instead of before every write; the server
+        // clears set-user-ID itself (after writes by non-root callers, and on SETATTR bit
+        // KILL_SUIDGID). Not without the writeback cache: faster writes made a locked
+        // read-modify-write counter lose increments (coherence.md, "Locks").
         let writeback = InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let fixer = self.fixer.clone().filter(|_| {
             self.cache.writeback && self.co.enabled() && config.capabilities().contains(writeback)
@@ -552,6 +559,7 @@ impl Filesystem for TetherFs {
         }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
+        self.killpriv = supported.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if let Some(f) = fixer {
             self.co.set_fixer(f);
         }
@@ -711,8 +719,11 @@ impl Filesystem for TetherFs {
         };
         let fh = fh.map(|f| f.0).unwrap_or(0);
         let mut set = set;
-        if size.is_some() && req.uid() != 0 && self.co.fixer().is_some() {
-            // KILLPRIV_V2: clearing set-user-ID on truncation is the server's job.
+        // KILLPRIV_V2: clearing set-user-ID is the server's job, on a truncation by a
+        // caller other than root, and when the kernel sends nothing to set: it took out the
+        // ATTR_KILL_SUID/SGID it had (a chown to -1:-1, or a writer about to write).
+        let nothing = valid == 0 && atime.is_none() && mtime.is_none();
+        if self.killpriv && ((size.is_some() && req.uid() != 0) || nothing) {
             set.valid |= setattr_valid::KILL_SUIDGID;
         }
         let msg = if self.restating(req) {
@@ -900,7 +911,7 @@ impl Filesystem for TetherFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
+        _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -911,37 +922,9 @@ impl Filesystem for TetherFs {
             offset,
             data: Bytes::copy_from_slice(data),
         };
-        if !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            return self.written_call(req, msg, reply);
-        }
-        // KILLPRIV_V2: a writer without CAP_FSETID (with the writeback cache the kernel
-        // writes through for it, only to set-user/group-ID files): after the write, the
-        // server clears those bits as the host kernel would for that writer.
-        let (conn, who, node) = (self.conn.clone(), caller(req), ino.0);
-        self.call(req, msg, reply, move |reply, r| match r {
-            Reply::Written { size } => {
-                let kill = Request::Setattr {
-                    node,
-                    fh: 0,
-                    set: SetAttr {
-                        valid: setattr_valid::KILL_SUIDGID,
-                        mode: 0,
-                        uid: 0,
-                        gid: 0,
-                        size: 0,
-                        atime: SetTime::Omit,
-                        mtime: SetTime::Omit,
-                    },
-                };
-                let done = move |res: ReplyResult| match res {
-                    Ok(_) => reply.written(size.min(u32::MAX as u64) as u32),
-                    Err(e) => reply.error(errno(e)),
-                };
-                conn.defer(who, kill, Some(Box::new(done)));
-                Ok(())
-            }
-            _ => Err(reply),
-        });
+        // FUSE_WRITE_KILL_SUIDGID needs nothing more: the server clears set-user-ID after
+        // every write by a caller other than root.
+        self.written_call(req, msg, reply);
     }
 
     fn flush(
@@ -1182,6 +1165,7 @@ impl Filesystem for TetherFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.co.xattrs_changing(ino.0);
         let msg = Request::Setxattr {
             node: ino.0,
             name: name(n),
@@ -1192,6 +1176,10 @@ impl Filesystem for TetherFs {
     }
 
     fn getxattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        if n.as_bytes() == b"security.capability" && self.co.known_without_capability(ino.0) {
+            reply.error(Errno::ENODATA);
+            return;
+        }
         self.xattr_call(
             req,
             Request::Getxattr {
@@ -1208,6 +1196,7 @@ impl Filesystem for TetherFs {
     }
 
     fn removexattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.co.xattrs_changing(ino.0);
         self.empty_call(
             req,
             Request::Removexattr {
@@ -1257,6 +1246,7 @@ impl Filesystem for TetherFs {
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create { entry, fh, .. } => {
                 co.entry_given(&entry);
+                co.created(&entry, sent);
                 known.seen(dir, &created, entry.node);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 let keep = if co.cacheable(entry.node, sent) {

@@ -239,6 +239,9 @@ pub mod entry_flags {
     /// directory) and will push an invalidation when it changes on the host: the client may
     /// cache it without a timeout.
     pub const WATCHED: u32 = 1;
+    /// Only in a CREATE reply: the server made this file just now (it did not open one that
+    /// was there), so it has no extended attributes yet.
+    pub const NEW_FILE: u32 = 2;
 }
 
 /// setattr field mask.

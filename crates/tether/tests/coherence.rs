@@ -340,3 +340,84 @@ fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
     drop(w);
     drop(held);
 }
+
+/// `security.capability` of `p`, or the errno.
+fn capability(p: &Path) -> Result<Vec<u8>, i32> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: valid C strings and a writable buffer of the length given.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"security.capability".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+fn set_capability(p: &Path, value: &[u8]) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid C strings and a readable buffer of the length given.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"security.capability".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The client answers "no capability" itself for a file it created (the kernel asks before
+/// the first write to every file): a capability given to it afterwards, on the host or
+/// through the mount, must still show.
+#[test]
+fn a_capability_given_to_a_file_the_guest_created_shows() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    // VFS_CAP_REVISION_2 with CAP_NET_RAW (bit 13) permitted.
+    let mut cap = vec![0u8; 20];
+    cap[0..4].copy_from_slice(&0x0200_0000u32.to_le_bytes());
+    cap[4..8].copy_from_slice(&(1u32 << 13).to_le_bytes());
+    for (name, on_host) in [("host-setcap", true), ("guest-setcap", false)] {
+        let g = t.mnt.join(name);
+        fs::write(&g, b"first write asks for security.capability").unwrap();
+        assert_eq!(capability(&g), Err(libc::ENODATA), "{name}: a new file");
+        let target = if on_host {
+            t.export.join(name)
+        } else {
+            g.clone()
+        };
+        if let Err(e) = set_capability(&target, &cap) {
+            eprintln!("skipping: setting security.capability needs CAP_SETFCAP: {e}");
+            return;
+        }
+        visible(&format!("{name}: the capability"), || {
+            capability(&g).as_deref() == Ok(&cap[..])
+        });
+        // Any write drops it, even root's, as on a local file system.
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&g)
+            .unwrap()
+            .write_all_ok(b"more");
+        assert_eq!(
+            capability(&t.export.join(name)),
+            Err(libc::ENODATA),
+            "{name}"
+        );
+        assert_eq!(capability(&g), Err(libc::ENODATA), "{name}");
+    }
+}

@@ -19,12 +19,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "fuser 0.18 has no FUSE_TMPFILE operation, so the kernel answers EOPNOTSUPP, as on \
          NFS; programs fall back to named temporary files",
     ),
-    (
-        "write_clears_suid",
-        "the kernel's FUSE clears set-group-ID on write only when group-execute is set \
-         (fuse_setattr's ATTR_KILL_SGID); a local file system also clears it for a writer \
-         outside the file's group",
-    ),
 ];
 
 /// Cases that differ when the server squashes ownership (its default): every file is the

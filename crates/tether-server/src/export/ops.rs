@@ -689,6 +689,7 @@ impl ExportFs {
                         sys::openat(pfd.as_fd(), &name, excl, perm)
                     })
                 });
+                let new_file = created.is_ok();
                 let f = match created {
                     Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
                         // Open what is there only if it is a regular file.
@@ -705,7 +706,10 @@ impl ExportFs {
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
                 let st = sys::fstat(path_fd.as_fd())?;
-                let entry = self.entry_for(parent, path_fd, &st, name)?;
+                let mut entry = self.entry_for(parent, path_fd, &st, name)?;
+                if new_file {
+                    entry.flags |= entry_flags::NEW_FILE;
+                }
                 let fh = match self.add_handle(entry.node, Handle::File(f)) {
                     Ok(fh) => fh,
                     Err(e) => {
@@ -729,8 +733,19 @@ impl ExportFs {
                 let n = self.nodes.get(node)?;
                 let h = self.file_for(node, fh, libc::O_WRONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
-                let written =
-                    self.own_change(&n, f.as_fd(), || sys::pwrite(f.as_fd(), &data, offset))?;
+                let written = self.own_change(&n, f.as_fd(), || {
+                    let written = sys::pwrite(f.as_fd(), &data, offset)?;
+                    // A guest writer without CAP_FSETID (uid 0 stands for it, as for
+                    // truncation) clears set-user-ID as a local write would; the server's own
+                    // write, with its CAP_FSETID, would not (the guest kernel leaves this to the
+                    // server: FUSE_HANDLE_KILLPRIV_V2). The data is written either way.
+                    if caller.uid != 0 {
+                        if let Err(e) = self.kill_suidgid(f, caller) {
+                            tracing::debug!(node, "clearing set-user-ID after a write: {e:?}");
+                        }
+                    }
+                    Ok(written)
+                })?;
                 Ok(Reply::Written {
                     size: written as u64,
                 })
@@ -967,15 +982,16 @@ impl ExportFs {
             sys::utimens_empty(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
         }
         if set.valid & setattr_valid::KILL_SUIDGID != 0 {
-            self.kill_suidgid(fd, caller.gid)?;
+            self.kill_suidgid(fd, caller)?;
         }
         Ok(())
     }
 
     /// What Linux does to a regular file written or truncated by a process without
-    /// CAP_FSETID: set-user-ID goes, and set-group-ID if the file is group-executable or the
-    /// writer is not in its group (the caller's gid stands for its groups here).
-    fn kill_suidgid(&self, fd: &OwnedFd, caller_gid: u32) -> SysResult<()> {
+    /// CAP_FSETID, or given away by chown: set-user-ID goes, and set-group-ID if the file is
+    /// group-executable or the caller is neither in its group nor root (the caller's gid
+    /// stands for its groups here, and uid 0 for the capability).
+    fn kill_suidgid(&self, fd: &OwnedFd, caller: Caller) -> SysResult<()> {
         let st = sys::fstat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(());
@@ -984,7 +1000,7 @@ impl ExportFs {
         mode &= !libc::S_ISUID;
         let group_exec = st.st_mode & libc::S_IXGRP != 0;
         let (_, file_gid) = self.ids.guest_owner(st.st_uid, st.st_gid);
-        if group_exec || caller_gid != file_gid {
+        if group_exec || (caller.uid != 0 && caller.gid != file_gid) {
             mode &= !libc::S_ISGID;
         }
         if mode != st.st_mode & 0o7777 {
