@@ -400,15 +400,19 @@ mod tests {
         };
         let run = |req| fs.dispatch(caller, req).unwrap();
         let name = Bytes::from_static;
-        let Reply::Entry(obj) = run(Request::Mkdir {
-            parent: ROOT_NODE,
-            name: name(b"obj"),
-            mode: 0o755,
-            umask: 0,
-        }) else {
-            panic!("mkdir")
+        let mkdir = |parent, dir: &'static [u8]| {
+            let req = Request::Mkdir {
+                parent,
+                name: name(dir),
+                mode: 0o755,
+                umask: 0,
+            };
+            match run(req) {
+                Reply::Entry(e) => e.node,
+                other => panic!("mkdir: {other:?}"),
+            }
         };
-        let obj = obj.node;
+        let obj = mkdir(ROOT_NODE, b"obj");
         for file in [&b"a"[..], b"b", b"c"] {
             let Reply::Create { fh, entry, .. } = run(Request::Create {
                 parent: obj,
@@ -431,18 +435,11 @@ mod tests {
                 });
             }
         }
-        let Reply::Entry(sub) = run(Request::Mkdir {
-            parent: obj,
-            name: name(b"sub"),
-            mode: 0o755,
-            umask: 0,
-        }) else {
-            panic!("mkdir sub")
-        };
+        let sub = mkdir(obj, b"sub");
         run(Request::Rename {
             parent: obj,
             name: name(b"a"),
-            new_parent: sub.node,
+            new_parent: sub,
             new_name: name(b"a"),
             flags: 0,
         });
@@ -454,7 +451,7 @@ mod tests {
             flags: 0,
         });
         run(Request::Unlink {
-            parent: sub.node,
+            parent: sub,
             name: name(b"a"),
         });
         run(Request::Rmdir {
