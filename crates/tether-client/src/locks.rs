@@ -179,30 +179,6 @@ impl Locks {
     }
 }
 
-/// Sends a SETLK to the server (from the lock thread, `req.generation` set); a grant is
-/// recorded as its answer comes, on the reader thread (in the order the server granted
-/// them), then `then` gets the answer.
-fn send_setlk(
-    conn: &Connection,
-    granted: &Arc<HeldLocks>,
-    req: LockRequest,
-    reply: ReplyEmpty,
-    then: impl FnOnce(LockRequest, ReplyEmpty, ReplyResult) + Send + 'static,
-) {
-    let granted = granted.clone();
-    let msg = Request::Setlk {
-        node: req.node,
-        lock: req.lock,
-        generation: req.generation,
-    };
-    conn.call(req.who, &msg, move |res: ReplyResult| {
-        if matches!(res, Ok(Reply::Empty)) {
-            granted.granted(req.node, &req.lock, req.generation);
-        }
-        then(req, reply, res)
-    });
-}
-
 /// What to do with the server's first answer to a SETLK (runs on the RPC reader thread, so it
 /// only hands work on).
 fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: ReplyResult) {
@@ -289,7 +265,7 @@ impl LockThread {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Set(mut req, reply) => {
+            Cmd::Set(req, reply) => {
                 self.locked.insert(req.node);
                 self.drain_closes();
                 if req.wait {
@@ -300,15 +276,10 @@ impl LockThread {
                     // takes (a reconnect may hold it for `mount --timeout`).
                     self.blocking.insert(req.unique);
                 }
-                req.generation = self.generation(req.node, req.lock.owner);
                 let tx = self.tx.clone();
-                send_setlk(
-                    &self.conn,
-                    &self.granted,
-                    req,
-                    reply,
-                    move |req, reply, res| first_answer(&tx, req, reply, res),
-                );
+                self.send(req, reply, move |req, reply, res| {
+                    first_answer(&tx, req, reply, res)
+                });
             }
             Cmd::Done(unique) => self.finished(unique),
             Cmd::Drain => {
@@ -373,6 +344,30 @@ impl LockThread {
         }
     }
 
+    /// Sends `req` to the server under its owner's current generation. A grant is recorded
+    /// as its answer comes, on the reader thread (in the order the server granted them),
+    /// then `then` gets the answer.
+    fn send(
+        &self,
+        mut req: LockRequest,
+        reply: ReplyEmpty,
+        then: impl FnOnce(LockRequest, ReplyEmpty, ReplyResult) + Send + 'static,
+    ) {
+        req.generation = self.generation(req.node, req.lock.owner);
+        let granted = self.granted.clone();
+        let msg = Request::Setlk {
+            node: req.node,
+            lock: req.lock,
+            generation: req.generation,
+        };
+        self.conn.call(req.who, &msg, move |res: ReplyResult| {
+            if matches!(res, Ok(Reply::Empty)) {
+                granted.granted(req.node, &req.lock, req.generation);
+            }
+            then(req, reply, res)
+        });
+    }
+
     /// The server granted `req`: remember who holds it, revalidate, answer the kernel.
     fn grant(&mut self, req: LockRequest, reply: ReplyEmpty) {
         self.finished(req.unique);
@@ -394,23 +389,16 @@ impl LockThread {
             if entry.key().0 > now {
                 break;
             }
-            let (mut req, reply, backoff) = entry.remove();
+            let (req, reply, backoff) = entry.remove();
             self.in_flight.insert(req.unique, false);
-            req.generation = self.generation(req.node, req.lock.owner);
             let tx = self.tx.clone();
-            send_setlk(
-                &self.conn,
-                &self.granted,
-                req,
-                reply,
-                move |req, reply, res| {
-                    if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
-                        if let Cmd::Retried(_, reply, _, _) = e.into_inner() {
-                            reply.error(Errno::EINTR);
-                        }
+            self.send(req, reply, move |req, reply, res| {
+                if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
+                    if let Cmd::Retried(_, reply, _, _) = e.into_inner() {
+                        reply.error(Errno::EINTR);
                     }
-                },
-            );
+                }
+            });
         }
     }
 

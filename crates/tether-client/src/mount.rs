@@ -98,7 +98,8 @@ impl Mounted {
         let mut config = Config::default();
         config.mount_options = options;
         // SAFETY: geteuid has no preconditions.
-        config.acl = if unsafe { libc::geteuid() } == 0 {
+        let root = unsafe { libc::geteuid() } == 0;
+        config.acl = if root {
             // Every guest user may use the mount; default_permissions keeps them apart.
             SessionACL::All
         } else {
@@ -114,13 +115,10 @@ impl Mounted {
             .transpose()?;
         // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, no writeback cache.
         let dir = Arc::new(MountDir::new(mountpoint.to_path_buf()));
-        // SAFETY: geteuid has no preconditions.
-        let fixer = (unsafe { libc::geteuid() } == 0)
-            .then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
+        let fixer = root.then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
         // Host locks need fanotify to see closes of locked files (locks.rs), so root; a
         // mount without them keeps locks local to this guest, as before.
-        // SAFETY: geteuid has no preconditions.
-        let locks = (opts.host_locks && unsafe { libc::geteuid() } == 0)
+        let locks = (opts.host_locks && root)
             .then(|| Locks::start(conn.clone(), dir.clone()))
             .transpose()?;
         let fs = TetherFs::new(

@@ -283,15 +283,15 @@ impl ExportFs {
     }
 
     /// The node the client holds for the file `name` in `dir`, if any.
-    fn held_by_name(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
-    ) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
-        // Only a watching session tracks its own changes.
-        self.watcher.as_ref()?;
+    fn held_by_name(&self, dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> Option<Arc<Node>> {
         let st = sys::fstatat_nofollow(dir, name).ok()?;
-        let node = self.nodes.find(st.st_dev, st.st_ino)?;
+        self.nodes.find(st.st_dev, st.st_ino)
+    }
+
+    /// `node` with its descriptor, for [`own_names`](Self::own_names): only a watching
+    /// session tracks its own changes.
+    fn with_fd(&self, node: Arc<Node>) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
+        self.watcher.as_ref()?;
         let fd = self.nodes.fd(&node).ok()?;
         Some((node, fd))
     }
@@ -299,13 +299,16 @@ impl ExportFs {
     /// Before `name` is removed from `dir` (node `parent`): the node the client holds for
     /// it, if any, keeps its descriptor, since it may not be found by name again (the
     /// guest may hold the file open and go on using it; see `NodeTable::name_removed`).
-    fn keep_if_held(&self, parent: NodeId, dir: BorrowedFd<'_>, name: &std::ffi::CStr) {
-        if let Some(node) = sys::fstatat_nofollow(dir, name)
-            .ok()
-            .and_then(|st| self.nodes.find(st.st_dev, st.st_ino))
-        {
-            self.nodes.name_removed(&node, parent, name);
-        }
+    /// Returns it with that descriptor, for [`own_names`](Self::own_names).
+    fn keep_if_held(
+        &self,
+        parent: NodeId,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
+        let node = self.held_by_name(dir, name)?;
+        self.nodes.name_removed(&node, parent, name);
+        self.with_fd(node)
     }
 
     /// Runs a change of names in directories, telling the watcher to expect its echoes. The
@@ -576,9 +579,8 @@ impl ExportFs {
             Unlink { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
-                self.keep_if_held(parent, pfd.as_fd(), &name);
                 // Another link of the file may remain: its link count and ctime change too.
-                let file = self.held_by_name(pfd.as_fd(), &name);
+                let file = self.keep_if_held(parent, pfd.as_fd(), &name);
                 let change = [(parent, name.as_bytes(), NameChange::Deleted)];
                 self.own_names(&change, &[file], || sys::unlinkat(pfd.as_fd(), &name, 0))
                     .map(|_| Reply::Empty)
@@ -586,9 +588,8 @@ impl ExportFs {
             Rmdir { parent, name } => {
                 let name = component(&name)?;
                 let pfd = self.dir_fd(parent)?;
-                self.keep_if_held(parent, pfd.as_fd(), &name);
                 // The directory removed changes (its link count) too.
-                let removed = self.held_by_name(pfd.as_fd(), &name);
+                let removed = self.keep_if_held(parent, pfd.as_fd(), &name);
                 let change = [(parent, name.as_bytes(), NameChange::Deleted)];
                 self.own_names(&change, &[removed], || {
                     sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
@@ -1033,16 +1034,16 @@ impl ExportFs {
             expect.push((new_parent, new_name.as_bytes(), NameChange::MovedFrom));
             expect.push((parent, name.as_bytes(), NameChange::MovedTo));
         }
-        if flags & libc::RENAME_EXCHANGE == 0 {
-            // A file the rename replaces loses its name.
-            self.keep_if_held(new_parent, npfd.as_fd(), &new_name);
-        }
+        // A file the rename replaces loses its name (an exchanged one keeps one).
+        let target = if flags & libc::RENAME_EXCHANGE == 0 {
+            self.keep_if_held(new_parent, npfd.as_fd(), &new_name)
+        } else {
+            (self.held_by_name(npfd.as_fd(), &new_name)).and_then(|n| self.with_fd(n))
+        };
         // A rename changes the moved file's ctime, and the replaced (or exchanged) one's:
         // this session's change, not the host's.
-        let files = [
-            self.held_by_name(pfd.as_fd(), &name),
-            self.held_by_name(npfd.as_fd(), &new_name),
-        ];
+        let moved = (self.held_by_name(pfd.as_fd(), &name)).and_then(|n| self.with_fd(n));
+        let files = [moved, target];
         self.own_names(&expect, &files, || {
             sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
         })?;
