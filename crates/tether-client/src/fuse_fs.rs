@@ -25,6 +25,7 @@ use tether_proto::{
 use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::locks::{LockRequest, Locks};
+use crate::partial_pages::PartialPages;
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::AttrFixer;
@@ -64,6 +65,8 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
+    /// Pages partly filled by writes, dropped when the kernel reads one (partial_pages.rs).
+    pages: Arc<PartialPages>,
     /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
     /// and truncation is the server's job, not the kernel's.
     killpriv: bool,
@@ -86,12 +89,17 @@ impl TetherFs {
             known: Arc::default(),
             fixer,
             locks,
+            pages: Arc::default(),
             killpriv: false,
         }
     }
 
     pub fn known(&self) -> Arc<Known> {
         self.known.clone()
+    }
+
+    pub fn partial_pages(&self) -> Arc<PartialPages> {
+        self.pages.clone()
     }
 
     /// The replayer, if `req` comes from its thread.
@@ -665,6 +673,7 @@ impl Filesystem for TetherFs {
         );
         if self.known.forgotten(ino.0, nlookup) {
             self.co.forget_file(ino.0);
+            self.pages.forget(ino.0);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
             if let Some(l) = &self.locks {
                 l.forgotten(ino.0);
@@ -895,6 +904,7 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.pages.reading(ino.0, offset, size.into());
         let msg = Request::Read {
             node: ino.0,
             fh: fh.0,
@@ -916,6 +926,11 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel keeps the pages of pushed-invalidation mounts across opens; with the
+        // writeback cache it reads a page before writing part of it.
+        if self.co.enabled() && self.co.fixer().is_none() {
+            self.pages.written(ino.0, offset, data.len() as u64);
+        }
         let msg = Request::Write {
             node: ino.0,
             fh: fh.0,
@@ -952,6 +967,12 @@ impl Filesystem for TetherFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == 0 {
+            // No server handle (files the kernel does I/O on by node, see `create`): the
+            // server has nothing to release.
+            reply.ok();
+            return;
+        }
         self.known.released(fh.0);
         self.empty_call(
             req,

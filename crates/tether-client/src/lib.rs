@@ -6,6 +6,7 @@ pub mod fuse_fs;
 pub mod host_events;
 pub mod locks;
 pub mod mount;
+pub mod partial_pages;
 pub mod restore;
 pub mod rpc;
 pub mod status;

@@ -69,6 +69,60 @@ impl Unmounter {
     }
 }
 
+/// How far the kernel reads ahead of a sequential reader, in KiB: as much as one READ
+/// carries (max_write, and so max_pages, is 1 MiB). The kernel offers FUSE only its
+/// default of 128 KiB, which takes eight round trips per MiB read.
+const READAHEAD_KB: u32 = 1024;
+
+/// Sets the mount's readahead (its backing device's `read_ahead_kb` in sysfs; needs root).
+/// The device number comes from /proc/self/mountinfo: a stat of the mount point would be a
+/// request to this very file system, which serves none yet.
+fn raise_readahead(mountpoint: &Path) {
+    let Ok(want) = mountpoint.canonicalize() else {
+        return;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    // "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...", spaces in paths escaped as \040; the
+    // last line for a mount point is the mount on top.
+    let device = info.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let device = fields.nth(2)?;
+        let point = fields.nth(1)?;
+        (unescape_mountinfo(point) == want.as_os_str().as_bytes()).then_some(device)
+    });
+    let Some(device) = device else { return };
+    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, READAHEAD_KB.to_string()) {
+        tracing::debug!("cannot raise the readahead ({knob}): {e}");
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).and_then(|d| {
+            let s = std::str::from_utf8(d).ok()?;
+            u8::from_str_radix(s, 8).ok()
+        });
+        match octal {
+            Some(c) if b[i] == b'\\' => {
+                out.push(c);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 impl Mounted {
     /// Mounts; `co` must be the coherence state whose `on_push` receives the connection's
     /// pushes (see `Connection::start`).
@@ -130,17 +184,22 @@ impl Mounted {
             locks.clone(),
         );
         let known = fs.known();
+        let pages = fs.partial_pages();
         conn.set_restorer(Arc::new(Restore::new(
             known.clone(),
             co.clone(),
             locks.as_ref().map(|l| l.held()),
         )));
         let session = Session::new(fs, mountpoint, &config)?;
+        if root {
+            raise_readahead(mountpoint);
+        }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(l) = &locks {
             l.attach(session.notifier(), known);
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
+        pages.start(session.notifier());
         if co.fixer().is_some() {
             Flusher::start(dir.clone(), FLUSH_INTERVAL);
         }
@@ -182,5 +241,18 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
             return Err(e);
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/tmp/a\040b"), b"/tmp/a b");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), b"/x\\y");
+        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/odd\9"), b"/odd\\9");
     }
 }

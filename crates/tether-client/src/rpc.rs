@@ -120,13 +120,44 @@ impl Link {
 }
 
 /// What a connection looks like from `tether status`.
-#[derive(Default)]
 pub struct LinkStats {
     pub reconnects: AtomicU64,
     /// Requests sent again on a new connection.
     pub resent: AtomicU64,
     /// Requests failed with EIO because the connection broke or stayed away too long.
     pub failed: AtomicU64,
+    /// Requests written to a connection, by operation code (every code is below 64).
+    sent: [AtomicU64; 64],
+}
+
+impl Default for LinkStats {
+    fn default() -> Self {
+        LinkStats {
+            reconnects: AtomicU64::new(0),
+            resent: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            sent: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl LinkStats {
+    fn count(&self, op: u16) {
+        if let Some(n) = self.sent.get(op as usize) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many requests of each operation were sent, for the operations sent at all.
+    pub fn sent(&self) -> Vec<(Op, u64)> {
+        (0..self.sent.len())
+            .filter_map(|i| {
+                let n = self.sent[i].load(Ordering::Relaxed);
+                let op = Op::from_u16(i as u16).ok()?;
+                (n > 0).then_some((op, n))
+            })
+            .collect()
+    }
 }
 
 pub struct Connection {
@@ -775,6 +806,7 @@ impl Connection {
         };
         self.pending.insert(id, pending);
         if writer.write_all(&req.to_frame(id, caller)).is_ok() {
+            self.stats.count(req.op() as u16);
             return;
         }
         // Not (wholly) sent. The reader sees the end of this connection soon (after a

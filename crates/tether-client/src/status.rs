@@ -108,11 +108,17 @@ fn answer(
         IdMapping::Passthrough => "passthrough (host ids as they are)",
         IdMapping::Mapped => "mapped (the server's uid/gid table)",
     };
+    let sent: Vec<String> = conn
+        .stats
+        .sent()
+        .into_iter()
+        .map(|(op, n)| format!("{} {n}", format!("{op:?}").to_uppercase()))
+        .collect();
     let report = format!(
         "mount: {mp}\nserver: {}{}\nconnection: {} ({} reconnects, {} requests sent again, \
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
-         host events: {events}\n",
+         host events: {events}\nrequests sent: {}\n",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"
@@ -125,6 +131,7 @@ fn answer(
         conn.stats.failed.load(Ordering::Relaxed),
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
+        sent.join(", "),
     );
     s.write_all(report.as_bytes())
 }

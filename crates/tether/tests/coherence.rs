@@ -421,3 +421,59 @@ fn a_capability_given_to_a_file_the_guest_created_shows() {
         assert_eq!(capability(&g), Err(libc::ENODATA), "{name}");
     }
 }
+
+/// How many requests of operation `op` (as `tether status` names it) the mount has sent.
+fn sent(report: &str, op: &str) -> u64 {
+    let line = report
+        .lines()
+        .find_map(|l| l.strip_prefix("requests sent: "))
+        .unwrap_or_else(|| panic!("no request counts in status:\n{report}"));
+    line.split(", ")
+        .find_map(|c| c.strip_prefix(&format!("{op} ")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The kernel leaves a page that no single write covered "not up to date" in its cache, and
+/// reads each such page with a READ of its own: 512 round trips for this file. The client
+/// drops them when the first is read, so that readahead fetches the rest in large requests
+/// (partial_pages.rs). The content must survive that.
+#[test]
+fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let p = t.mnt.join("pieces");
+    let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut f = fs::File::create(&p).unwrap();
+    for piece in data.chunks(1024) {
+        std::io::Write::write_all(&mut f, piece).unwrap();
+    }
+    drop(f);
+    let before = status(&t.mnt);
+    assert_eq!(fs::read(&p).unwrap(), data, "content read back");
+    let reads = sent(&status(&t.mnt), "READ") - sent(&before, "READ");
+    assert!(
+        reads <= 64,
+        "{reads} READs for 2 MiB written in 1 KiB pieces"
+    );
+    // Nothing went stale: the host's copy is the same.
+    assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
+}
+
+/// The mount reads ahead as far as one READ carries (1 MiB), not the kernel's 128 KiB
+/// default for FUSE: a sequential read of 8 MiB takes about 10 READs, not 64.
+#[test]
+fn a_sequential_read_goes_in_requests_of_a_mebibyte() {
+    require_mount!();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: only root may raise a mount's readahead");
+        return;
+    }
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
+    fs::write(t.export.join("big"), &data).unwrap();
+    let before = status(&t.mnt);
+    assert_eq!(fs::read(t.mnt.join("big")).unwrap(), data);
+    let reads = sent(&status(&t.mnt), "READ") - sent(&before, "READ");
+    assert!(reads <= 20, "{reads} READs for 8 MiB");
+}
