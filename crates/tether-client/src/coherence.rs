@@ -93,7 +93,15 @@ pub struct Coherence {
     /// Files this client created, with the push sequence when it asked: while nothing
     /// about one has been invalidated since, it has no `security.capability`.
     created: DashMap<NodeId, u64>,
+    /// Directories this client made, with the push sequence when it asked and every name
+    /// made in them through this mount since: while nothing in one has been invalidated, a
+    /// name not among them does not exist, and its LOOKUP needs no round trip.
+    new_dirs: DashMap<NodeId, (u64, HashSet<Bytes>)>,
 }
+
+/// Past this many names a new directory is no longer tracked (the memory is not worth it:
+/// the kernel caches the negative entries it looks up anyway).
+const NEW_DIR_NAMES_AT_MOST: usize = 4096;
 
 /// FUSE_NOTIFY_INC_EPOCH: every dentry of the mount, positive or negative, must be looked
 /// up again before it is used. A notification is an out header with `unique` 0 and the
@@ -132,6 +140,7 @@ impl Coherence {
             alls_queued: AtomicU64::new(0),
             alls_applied: AtomicU64::new(0),
             created: DashMap::new(),
+            new_dirs: DashMap::new(),
         })
     }
 
@@ -221,6 +230,57 @@ impl Coherence {
         known
     }
 
+    /// The server made directory `e` for a MKDIR sent at `sent`: it is empty.
+    pub fn dir_made(&self, e: &tether_proto::Entry, sent: u64) {
+        if e.attr.mode & libc::S_IFMT == libc::S_IFDIR && self.cacheable(e.node, sent) {
+            self.new_dirs.insert(e.node, (sent, HashSet::new()));
+        }
+    }
+
+    /// `name` now exists in `dir`, made or moved there through this mount.
+    pub fn name_made(&self, dir: NodeId, name: &[u8]) {
+        if self.new_dirs.is_empty() {
+            return;
+        }
+        let full = match self.new_dirs.get_mut(&dir) {
+            Some(mut d) if d.1.len() < NEW_DIR_NAMES_AT_MOST => {
+                d.1.insert(Bytes::copy_from_slice(name));
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if full {
+            self.new_dirs.remove(&dir);
+        }
+    }
+
+    /// `name` was removed from `dir` (or moved away) through this mount.
+    pub fn name_removed(&self, dir: NodeId, name: &[u8]) {
+        if let Some(mut d) = self.new_dirs.get_mut(&dir) {
+            d.1.remove(name);
+        }
+    }
+
+    /// True when `name` surely does not exist in `dir`: this client made the directory,
+    /// made every name in it since, and nothing in it was invalidated (the host, or another
+    /// mount, changed nothing there).
+    pub fn surely_absent(&self, dir: NodeId, name: &[u8]) -> bool {
+        // A name the server refuses gets its error from the server (ENAMETOOLONG, EINVAL).
+        if !tether_proto::is_component(name) || name.len() > tether_proto::NAME_MAX {
+            return false;
+        }
+        let Some(d) = self.new_dirs.get(&dir) else {
+            return false;
+        };
+        if self.cacheable(dir, d.0) {
+            return !d.1.contains(name);
+        }
+        drop(d);
+        self.new_dirs.remove(&dir);
+        false
+    }
+
     /// This client is about to change `node`'s extended attributes.
     pub fn xattrs_changing(&self, node: NodeId) {
         self.created.remove(&node);
@@ -250,6 +310,7 @@ impl Coherence {
             self.unwatched.remove(&node);
             self.invalidated.remove(&node);
             self.created.remove(&node);
+            self.new_dirs.remove(&node);
         }
     }
 

@@ -312,12 +312,20 @@ impl TetherFs {
     ) {
         let (co, fallback, sent) = (self.co.clone(), self.cache, self.co.now());
         let (known, entry_name) = (self.known.clone(), entry_name(&msg));
+        let made = !matches!(msg, Request::Lookup { .. });
+        let mkdir = matches!(msg, Request::Mkdir { .. });
         self.conn
             .call(caller(req), &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) => {
                     co.entry_given(&e);
                     if let Some(name) = entry_name {
                         known.seen(parent, &name, e.node);
+                        if made {
+                            co.name_made(parent, &name);
+                        }
+                    }
+                    if mkdir {
+                        co.dir_made(&e, sent);
                     }
                     let ttl = ttl_for(&co, fallback.attr_ttl, e.node, Some(parent), sent);
                     reply.entry_with_ttls(
@@ -446,11 +454,24 @@ impl TetherFs {
     }
 
     /// unlink, rmdir, rename: done already on the host when replayed.
+    /// For unlink and rmdir: `name` goes from `parent`.
     fn name_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
-        match self.replaying(req) {
-            Some(r) => replay_name_change(r, reply),
-            None => self.empty_call(req, msg, reply),
+        if let Some(r) = self.replaying(req) {
+            return replay_name_change(r, reply);
         }
+        let (Request::Unlink { parent, name } | Request::Rmdir { parent, name }) = msg.clone()
+        else {
+            unreachable!("name_call is for UNLINK and RMDIR")
+        };
+        let co = self.co.clone();
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Empty => {
+                co.name_removed(parent, &name);
+                reply.ok();
+                Ok(())
+            }
+            _ => Err(reply),
+        });
     }
 
     fn empty_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
@@ -647,6 +668,12 @@ impl Filesystem for TetherFs {
     }
 
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        if self.replaying(req).is_none() && self.co.surely_absent(parent.0, n.as_bytes()) {
+            // Cached as a negative entry, as the server's ENOENT would be.
+            let attr = file_attr(&Attr::default());
+            reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+            return;
+        }
         self.entry_call(
             req,
             parent.0,
@@ -856,9 +883,19 @@ impl Filesystem for TetherFs {
         }
         let known = self.known.clone();
         let exchange = flags.bits() & libc::RENAME_EXCHANGE != 0;
+        // A whiteout takes the place of the old name.
+        let whiteout = flags.bits() & libc::RENAME_WHITEOUT != 0;
+        let co = self.co.clone();
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Empty => {
                 known.renamed(parent.0, &from, new_parent.0, &to, exchange);
+                if !exchange && !whiteout {
+                    co.name_removed(parent.0, &from);
+                }
+                co.name_made(new_parent.0, &to);
+                if exchange {
+                    co.name_made(parent.0, &from);
+                }
                 reply.ok();
                 Ok(())
             }
@@ -1268,6 +1305,7 @@ impl Filesystem for TetherFs {
             Reply::Create { entry, fh, .. } => {
                 co.entry_given(&entry);
                 co.created(&entry, sent);
+                co.name_made(dir, &created);
                 known.seen(dir, &created, entry.node);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 let keep = if co.cacheable(entry.node, sent) {

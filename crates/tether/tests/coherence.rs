@@ -477,3 +477,55 @@ fn a_sequential_read_goes_in_requests_of_a_mebibyte() {
     let reads = sent(&status(&t.mnt), "READ") - sent(&before, "READ");
     assert!(reads <= 20, "{reads} READs for 8 MiB");
 }
+
+/// In a directory the guest made, every name is known: a missing one is answered without a
+/// round trip (creating a file starts with a LOOKUP of its name), until the host changes
+/// something there.
+#[test]
+fn names_in_a_directory_the_guest_made_are_known_without_asking() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let d = t.mnt.join("made");
+    fs::create_dir(&d).unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("a"), b"a").unwrap();
+    fs::write(d.join("gone"), b"gone").unwrap();
+    fs::rename(d.join("a"), d.join("moved")).unwrap();
+    fs::remove_file(d.join("gone")).unwrap();
+    std::os::unix::fs::symlink("moved", d.join("sym")).unwrap();
+    let before = status(&t.mnt);
+    for i in 0..50 {
+        assert!(fs::symlink_metadata(d.join(format!("missing{i}"))).is_err());
+    }
+    assert!(fs::symlink_metadata(d.join("a")).is_err(), "renamed away");
+    assert!(fs::symlink_metadata(d.join("gone")).is_err(), "removed");
+    fs::write(d.join("b"), b"b").unwrap();
+    let after = status(&t.mnt);
+    assert_eq!(
+        sent(&after, "LOOKUP"),
+        sent(&before, "LOOKUP"),
+        "LOOKUPs sent for names known to be missing"
+    );
+    // What exists is found.
+    assert_eq!(fs::read(d.join("moved")).unwrap(), b"a");
+    assert_eq!(fs::read(d.join("sym")).unwrap(), b"a");
+    assert!(d.join("sub").is_dir());
+    assert_eq!(fs::read(d.join("b")).unwrap(), b"b");
+
+    // The host makes a name there: from then on the directory is no longer known whole.
+    fs::write(t.export.join("made/missing7"), b"host").unwrap();
+    visible("a host file in a directory the guest made", || {
+        read(&d.join("missing7")).as_deref() == Some(b"host")
+    });
+    fs::write(t.export.join("made/later"), b"later").unwrap();
+    visible("a second host file there", || {
+        read(&d.join("later")).as_deref() == Some(b"later")
+    });
+    // And in a subdirectory the guest made, which the host did not touch, the same holds
+    // for a host change made after the guest's lookup.
+    assert!(fs::symlink_metadata(d.join("sub/x")).is_err());
+    fs::write(t.export.join("made/sub/x"), b"x").unwrap();
+    visible("a host file in the subdirectory", || {
+        read(&d.join("sub/x")).as_deref() == Some(b"x")
+    });
+}
