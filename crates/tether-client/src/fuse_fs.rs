@@ -26,6 +26,7 @@ use crate::coherence::{Coherence, WATCHED_TTL};
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::locks::{LockRequest, Locks};
 use crate::partial_pages::PartialPages;
+use crate::prefetch::Prefetch;
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::AttrFixer;
@@ -65,6 +66,8 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
+    /// Directory listings answering LOOKUPs of a cold walk (prefetch.rs).
+    prefetch: Arc<Prefetch>,
     /// Pages partly filled by writes, dropped when the kernel reads one (partial_pages.rs).
     pages: Arc<PartialPages>,
     /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
@@ -81,10 +84,13 @@ impl TetherFs {
         fixer: Option<Arc<AttrFixer>>,
         locks: Option<Locks>,
     ) -> Self {
+        let prefetch = Prefetch::new(conn.clone(), co.clone());
+        prefetch.start();
         TetherFs {
             conn,
             cache,
             co,
+            prefetch,
             replayer,
             known: Arc::default(),
             fixer,
@@ -668,11 +674,28 @@ impl Filesystem for TetherFs {
     }
 
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        if self.replaying(req).is_none() && self.co.surely_absent(parent.0, n.as_bytes()) {
-            // Cached as a negative entry, as the server's ENOENT would be.
-            let attr = file_attr(&Attr::default());
-            reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
-            return;
+        if self.replaying(req).is_none() {
+            if self.co.surely_absent(parent.0, n.as_bytes()) {
+                // Cached as a negative entry, as the server's ENOENT would be.
+                let attr = file_attr(&Attr::default());
+                reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+                return;
+            }
+            if let Some(p) = self.prefetch.take(parent.0, n.as_bytes()) {
+                let e = p.entry;
+                self.co.entry_given(&e);
+                self.known.seen(parent.0, n.as_bytes(), e.node);
+                let ttl = ttl_for(
+                    &self.co,
+                    self.cache.entry_ttl,
+                    e.node,
+                    Some(parent.0),
+                    p.sent,
+                );
+                reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), Generation(e.generation));
+                return;
+            }
+            self.prefetch.missed(parent.0, caller(req));
         }
         self.entry_call(
             req,

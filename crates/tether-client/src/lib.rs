@@ -7,6 +7,7 @@ pub mod host_events;
 pub mod locks;
 pub mod mount;
 pub mod partial_pages;
+pub mod prefetch;
 pub mod restore;
 pub mod rpc;
 pub mod status;

@@ -166,6 +166,10 @@ pub struct Connection {
     closer: Mutex<Closer>,
     pending: DashMap<u64, Pending>,
     next_id: AtomicU64,
+    /// Counts changes to the export made through this connection: up once when a
+    /// changing request is made, and once more when it is answered or fails. Equal counts
+    /// at two moments mean that nothing was changed through it between them, or in flight.
+    changes: Arc<AtomicU64>,
     generations: AtomicU64,
     /// When the last frame arrived (ms since `epoch`), to tell a silent server.
     last_received: AtomicU64,
@@ -392,6 +396,7 @@ impl Connection {
             closer: Mutex::new(session.closer),
             pending: DashMap::new(),
             next_id: AtomicU64::new(1),
+            changes: Arc::default(),
             generations: AtomicU64::new(1),
             last_received: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -774,6 +779,16 @@ impl Connection {
     }
 
     fn send(&self, caller: Caller, req: &Request, done: Callback, restoring: bool) {
+        let done: Callback = if req.op().mutates() {
+            let changes = self.changes.clone();
+            changes.fetch_add(1, Ordering::AcqRel);
+            Box::new(move |r| {
+                changes.fetch_add(1, Ordering::AcqRel);
+                done(r)
+            })
+        } else {
+            done
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut pending = Pending {
             op: req.op() as u16,
@@ -824,6 +839,11 @@ impl Connection {
                 self.fail(vec![p]);
             }
         }
+    }
+
+    /// See `changes` in [`Connection`].
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Sends a request that has no reply (forget). Dropped while the server is away (the

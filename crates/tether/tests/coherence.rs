@@ -529,3 +529,79 @@ fn names_in_a_directory_the_guest_made_are_known_without_asking() {
         read(&d.join("sub/x")).as_deref() == Some(b"x")
     });
 }
+
+/// A cold walk by known paths: after two LOOKUPs in a directory the client lists it once
+/// and answers the next LOOKUPs from the listing (prefetch.rs); a host change made after
+/// the listing still shows.
+#[test]
+fn a_cold_walk_by_path_is_answered_from_one_listing() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    fs::create_dir(t.export.join("d")).unwrap();
+    for i in 0..200 {
+        fs::write(t.export.join(format!("d/f{i}")), vec![b'x'; i]).unwrap();
+    }
+    let before = status(&t.mnt);
+    for i in 0..150 {
+        let m = fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
+        assert_eq!(m.len(), i as u64, "f{i}");
+    }
+    let after = status(&t.mnt);
+    let lookups = sent(&after, "LOOKUP") - sent(&before, "LOOKUP");
+    assert!(
+        lookups <= 10,
+        "{lookups} LOOKUPs for 150 names in one directory"
+    );
+
+    // Listed, not yet looked up: once the host's changes are pushed, the very first look
+    // must show them, not the listing.
+    let pushes = counter(&after, "pushes received");
+    fs::write(t.export.join("d/f160"), b"changed on the host").unwrap();
+    fs::remove_file(t.export.join("d/f170")).unwrap();
+    visible("the pushes of two host changes", || {
+        counter(&status(&t.mnt), "pushes received") > pushes
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let m = fs::symlink_metadata(t.mnt.join("d/f160")).unwrap();
+    assert_eq!(m.len(), 19, "a listed name the host changed");
+    assert!(
+        fs::symlink_metadata(t.mnt.join("d/f170")).is_err(),
+        "a listed name the host removed"
+    );
+    assert_eq!(fs::read(t.mnt.join("d/f199")).unwrap(), vec![b'x'; 199]);
+}
+
+/// A file changed through the mount after its directory was listed: its listed
+/// attributes must not come back (here it grows through a hard link in another directory,
+/// so the kernel never looked up its name in the listed one).
+#[test]
+fn a_listing_never_hides_a_change_made_through_the_mount() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    fs::create_dir(t.export.join("d")).unwrap();
+    fs::create_dir(t.export.join("other")).unwrap();
+    for i in 0..20 {
+        fs::write(t.export.join(format!("d/f{i}")), vec![b'x'; i]).unwrap();
+    }
+    fs::hard_link(t.export.join("d/f10"), t.export.join("other/h10")).unwrap();
+    std::thread::sleep(Duration::from_millis(200)); // the host's changes are pushed
+    let before = status(&t.mnt);
+    for i in [1, 2] {
+        fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
+    }
+    visible("the listing", || {
+        sent(&status(&t.mnt), "READDIR") > sent(&before, "READDIR")
+    });
+    let mut h = fs::OpenOptions::new()
+        .append(true)
+        .open(t.mnt.join("other/h10"))
+        .unwrap();
+    std::io::Write::write_all(&mut h, &[b'y'; 20]).unwrap();
+    drop(h);
+    let m = fs::symlink_metadata(t.mnt.join("d/f10")).unwrap();
+    assert_eq!(
+        m.len(),
+        30,
+        "a listed file the guest changed through another name"
+    );
+}
