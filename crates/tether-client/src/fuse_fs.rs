@@ -23,6 +23,7 @@ use tether_proto::{
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
+use crate::dir_attrs::DirAttrs;
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::locks::{LockRequest, Locks};
 use crate::partial_pages::PartialPages;
@@ -66,6 +67,8 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
+    /// Directories' attributes from CREATE replies (dir_attrs.rs).
+    dir_attrs: Arc<DirAttrs>,
     /// Directory listings answering LOOKUPs of a cold walk (prefetch.rs).
     prefetch: Arc<Prefetch>,
     /// Pages partly filled by writes, dropped when the kernel reads one (partial_pages.rs).
@@ -90,6 +93,7 @@ impl TetherFs {
             conn,
             cache,
             co,
+            dir_attrs: Arc::default(),
             prefetch,
             replayer,
             known: Arc::default(),
@@ -288,15 +292,27 @@ impl TetherFs {
             reply.fail(Errno::EPERM);
             return;
         }
-        self.conn
-            .call(caller(req), &msg, move |res: ReplyResult| match res {
+        // A change to a directory counts when sent and when answered (dir_attrs.rs).
+        let touched = msg
+            .op()
+            .mutates()
+            .then(|| (self.dir_attrs.clone(), msg.clone()));
+        if let Some((d, m)) = &touched {
+            d.touch_for(m);
+        }
+        self.conn.call(caller(req), &msg, move |res: ReplyResult| {
+            if let Some((d, m)) = &touched {
+                d.touch_for(m);
+            }
+            match res {
                 Ok(r) => {
                     if let Err(reply) = ok(reply, r) {
                         reply.fail(Errno::EIO);
                     }
                 }
                 Err(e) => reply.fail(errno(e)),
-            });
+            }
+        });
     }
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
@@ -320,8 +336,15 @@ impl TetherFs {
         let (known, entry_name) = (self.known.clone(), entry_name(&msg));
         let made = !matches!(msg, Request::Lookup { .. });
         let mkdir = matches!(msg, Request::Mkdir { .. });
-        self.conn
-            .call(caller(req), &msg, move |res: ReplyResult| match res {
+        let touched = made.then(|| (self.dir_attrs.clone(), msg.clone()));
+        if let Some((d, m)) = &touched {
+            d.touch_for(m);
+        }
+        self.conn.call(caller(req), &msg, move |res: ReplyResult| {
+            if let Some((d, m)) = &touched {
+                d.touch_for(m);
+            }
+            match res {
                 Ok(Reply::Entry(e)) => {
                     co.entry_given(&e);
                     if let Some(name) = entry_name {
@@ -349,7 +372,8 @@ impl TetherFs {
                     reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
                 }
                 Err(e) => reply.error(errno(e)),
-            });
+            }
+        });
     }
 
     /// An entry request of the replaying thread (host_events.rs). What it is given about
@@ -683,17 +707,22 @@ impl Filesystem for TetherFs {
             }
             if let Some(p) = self.prefetch.take(parent.0, n.as_bytes()) {
                 let e = p.entry;
-                self.co.entry_given(&e);
                 self.known.seen(parent.0, n.as_bytes(), e.node);
-                let ttl = ttl_for(
-                    &self.co,
-                    self.cache.entry_ttl,
-                    e.node,
-                    Some(parent.0),
-                    p.sent,
-                );
-                reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), Generation(e.generation));
-                return;
+                if self.prefetch.link() == Some(p.link) {
+                    self.co.entry_given(&e);
+                    let ttl = ttl_for(
+                        &self.co,
+                        self.cache.entry_ttl,
+                        e.node,
+                        Some(parent.0),
+                        p.sent,
+                    );
+                    let attr = file_attr(&e.attr);
+                    reply.entry_with_ttls(&ttl, &ttl, &attr, Generation(e.generation));
+                    return;
+                }
+                // The connection changed meanwhile: ask the new one.
+                self.known.forgotten(e.node, 1);
             }
             self.prefetch.missed(parent.0, caller(req));
         }
@@ -724,6 +753,7 @@ impl Filesystem for TetherFs {
         if self.known.forgotten(ino.0, nlookup) {
             self.co.forget_file(ino.0);
             self.pages.forget(ino.0);
+            self.dir_attrs.forget(ino.0);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
             if let Some(l) = &self.locks {
                 l.forgotten(ino.0);
@@ -732,6 +762,11 @@ impl Filesystem for TetherFs {
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some((a, sent)) = self.dir_attrs.get(ino.0, &self.co) {
+            let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino.0, None, sent);
+            reply.attr(&ttl, &file_attr(&a));
+            return;
+        }
         let fh = fh.map(|f| f.0).unwrap_or(0);
         self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
     }
@@ -1324,8 +1359,15 @@ impl Filesystem for TetherFs {
         );
         let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
         let created = name(n);
+        let (dir_attrs, touch) = (self.dir_attrs.clone(), self.dir_attrs.creating(dir));
         self.call(req, msg, reply, move |reply, r| match r {
-            Reply::Create { entry, fh, .. } => {
+            Reply::Create {
+                entry,
+                fh,
+                dir: dir_attr,
+                ..
+            } => {
+                dir_attrs.created(dir, touch, dir_attr, sent);
                 co.entry_given(&entry);
                 co.created(&entry, sent);
                 co.name_made(dir, &created);

@@ -2,6 +2,7 @@
 //! file system that the kernel talks to ([`fuse_fs`]).
 
 pub mod coherence;
+pub mod dir_attrs;
 pub mod fuse_fs;
 pub mod host_events;
 pub mod locks;

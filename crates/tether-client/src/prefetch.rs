@@ -18,7 +18,6 @@
 //! made is missing from it. A cold walk changes nothing; a build that writes while it
 //! looks up names gets no help, and no harm.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +44,7 @@ struct Listed {
     sent: u64,
     /// `Connection::changes` then.
     changes: u64,
-    /// The connection the server counted it on (its reconnect count then).
+    /// The connection the server counted it on (`Connection::generation_up`).
     link: u64,
     at: Instant,
 }
@@ -69,6 +68,9 @@ pub struct Prefetch {
 pub struct Prefetched {
     pub entry: Entry,
     pub sent: u64,
+    /// The connection it was counted on: still the one up once the client has recorded
+    /// the kernel's lookup, or else the new connection's restore may have missed it.
+    pub link: u64,
 }
 
 impl Prefetch {
@@ -103,12 +105,13 @@ impl Prefetch {
         }
         let key = (dir, Bytes::copy_from_slice(name));
         let (_, l) = self.listed.remove(&key)?;
-        let current = l.link == self.link();
+        let current = self.link() == Some(l.link);
         let unchanged = self.co.now() == l.sent && self.conn.changes() == l.changes;
         if current && unchanged && self.co.fresh(l.entry.node, l.sent) {
             return Some(Prefetched {
                 entry: l.entry,
                 sent: l.sent,
+                link: l.link,
             });
         }
         if current {
@@ -178,10 +181,13 @@ impl Prefetch {
         r: ReplyResult,
     ) {
         let Ok(Reply::Dir(entries)) = r else { return };
+        let Some(link) = self.link() else {
+            return; // the connection it came on is gone, and its counts with it
+        };
         // A change through this mount was answered while the server listed: the listing
         // may predate it. Not kept (and so not continued).
         let unchanged = self.conn.changes() == changes;
-        let (link, at) = (self.link(), Instant::now());
+        let at = Instant::now();
         let mut spare = Vec::new();
         let mut next = None;
         let count = entries.len();
@@ -217,7 +223,7 @@ impl Prefetch {
         let mut old = Vec::new();
         self.listed.retain(|_, l| {
             let keep = now.duration_since(l.at) < ENTRY_LIFE;
-            if !keep && l.link == link {
+            if !keep && link == Some(l.link) {
                 old.push((l.entry.node, 1));
             }
             keep
@@ -237,8 +243,8 @@ impl Prefetch {
     }
 
     /// Counts are per connection: after a reconnect, entries counted on the old one are
-    /// dropped, not given back.
-    fn link(&self) -> u64 {
-        self.conn.stats.reconnects.load(Ordering::Relaxed)
+    /// dropped, not given back, and none are used while a connection is being replaced.
+    pub fn link(&self) -> Option<u64> {
+        self.conn.generation_up()
     }
 }

@@ -378,6 +378,7 @@ impl Connection {
             client_name: opts.client_name.into_bytes(),
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
+                | features::DIR_ATTR
                 | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
                     (Some(_), false) => features::PUSH_INVALIDATE,
@@ -742,6 +743,19 @@ impl Connection {
 
     pub fn is_closed(&self) -> bool {
         matches!(*self.link.lock().unwrap(), Link::Closed)
+    }
+
+    /// The generation of the connection requests go out on, while it is up and whole
+    /// (not while a lost one is being replaced or restored).
+    pub fn generation_up(&self) -> Option<u64> {
+        match &*self.link.lock().unwrap() {
+            Link::Up {
+                generation,
+                broken: false,
+                ..
+            } => Some(*generation),
+            _ => None,
+        }
     }
 
     /// "up", "reconnecting (N s)" or "closed", for `tether status`.

@@ -336,6 +336,7 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
                 entry: entry(9),
                 fh: 4,
                 flags: 0,
+                dir: None,
             }),
         ),
         (Op::Lseek, Ok(Reply::Lseek { offset: 10 })),

@@ -25,6 +25,9 @@ pub mod features {
     /// INVALIDATE pushes also carry the host changes behind them (`HostEvent`), so the
     /// client can raise inotify events in the guest. Requires `PUSH_INVALIDATE`.
     pub const HOST_EVENTS: u64 = 1 << 2;
+    /// CREATE replies carry the parent directory's attributes after the creation, so the
+    /// client can answer the kernel's next GETATTR of that directory itself.
+    pub const DIR_ATTR: u64 = 1 << 3;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -537,6 +537,10 @@ pub enum Reply {
         entry: Entry,
         fh: HandleId,
         flags: u32,
+        /// The parent directory's attributes right after the creation: only when feature
+        /// `DIR_ATTR` was granted (then always), encoded after `flags`.
+        /// Boxed: it would double the size of every `Reply`.
+        dir: Option<Box<Attr>>,
     },
     Lseek {
         offset: u64,
@@ -1328,9 +1332,17 @@ impl Reply {
                     }
                 }
             }
-            Reply::Create { entry, fh, flags } => {
+            Reply::Create {
+                entry,
+                fh,
+                flags,
+                dir,
+            } => {
                 entry.encode(e);
                 e.u64(*fh).u32(*flags);
+                if let Some(a) = dir {
+                    a.encode(e);
+                }
             }
             Reply::Lseek { offset } => {
                 e.u64(*offset);
@@ -1422,6 +1434,11 @@ impl Reply {
                 entry: Entry::decode(&mut d)?,
                 fh: d.u64()?,
                 flags: d.u32()?,
+                dir: if d.remaining() > 0 {
+                    Some(Box::new(Attr::decode(&mut d)?))
+                } else {
+                    None
+                },
             },
             Op::Lseek => Reply::Lseek { offset: d.u64()? },
             Op::Getlk => Reply::Lock {

@@ -125,7 +125,10 @@ pub fn run_session(
     let wants_events = hello.features & features::HOST_EVENTS != 0;
     let owner = (hello.owner_uid, hello.owner_gid);
     let fs = match ExportFs::new(export.clone(), wants_push, wants_events, owner) {
-        Ok(fs) => Arc::new(fs),
+        Ok(mut fs) => {
+            fs.dir_attr = hello.features & features::DIR_ATTR != 0;
+            Arc::new(fs)
+        }
         Err(e) => {
             writer.write_all(&reply_frame(reply_op, reply_id, &Err(e)))?;
             return Err(SessionError::Protocol(format!(
@@ -134,7 +137,7 @@ pub fn run_session(
         }
     };
     let watch = fs.watching();
-    let mut granted = hello.features & features::IO_BY_NODE;
+    let mut granted = hello.features & (features::IO_BY_NODE | features::DIR_ATTR);
     if watch {
         granted |= features::PUSH_INVALIDATE;
         if fs.host_events {

@@ -605,3 +605,56 @@ fn a_listing_never_hides_a_change_made_through_the_mount() {
         "a listed file the guest changed through another name"
     );
 }
+
+/// After each creation the kernel asks for the directory's attributes again: the CREATE
+/// reply carries them (DIR_ATTR) and the client answers (dir_attrs.rs). What the guest sees
+/// must still be the host's, also after other changes to the directory.
+#[test]
+fn a_directorys_attributes_after_a_creation_are_known_without_asking() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let d = t.mnt.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("first"), b"1").unwrap();
+    let before = status(&t.mnt);
+    for i in 0..30 {
+        fs::write(d.join(format!("f{i}")), b"x").unwrap();
+    }
+    let getattrs = sent(&status(&t.mnt), "GETATTR") - sent(&before, "GETATTR");
+    assert!(
+        getattrs <= 3,
+        "{getattrs} GETATTRs for 30 creations in one directory"
+    );
+    let same_as_host = |what: &str| {
+        let (g, h) = (
+            fs::metadata(&d).unwrap(),
+            fs::metadata(t.export.join("d")).unwrap(),
+        );
+        let key = |m: &fs::Metadata| (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+        assert_eq!(key(&g), key(&h), "the directory's times {what}");
+        assert_eq!(g.mode(), h.mode(), "the directory's mode {what}");
+    };
+    same_as_host("after creations");
+    // Other changes through the mount: the attributes the last creation brought are stale.
+    for (i, change) in ["rename", "unlink", "chmod"].into_iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(20)); // a visibly later time
+        match change {
+            "rename" => fs::rename(d.join("f1"), d.join("f1b")).unwrap(),
+            "unlink" => fs::remove_file(d.join("f2")).unwrap(),
+            _ => fs::set_permissions(&d, fs::Permissions::from_mode(0o750)).unwrap(),
+        }
+        same_as_host(&format!("after a {change} ({i})"));
+        fs::write(d.join(format!("again{i}")), b"x").unwrap();
+        same_as_host(&format!("after a creation following a {change}"));
+    }
+    // A host change to the directory.
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(t.export.join("d/host"), b"h").unwrap();
+    visible("the directory's times after a host creation", || {
+        let (g, h) = (
+            fs::metadata(&d).unwrap(),
+            fs::metadata(t.export.join("d")).unwrap(),
+        );
+        (g.mtime(), g.mtime_nsec()) == (h.mtime(), h.mtime_nsec())
+    });
+}

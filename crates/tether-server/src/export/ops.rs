@@ -35,6 +35,8 @@ pub struct ExportFs {
     pub watcher: Option<Watcher>,
     /// The client also wants the host changes behind the invalidations (HOST_EVENTS).
     pub host_events: bool,
+    /// CREATE replies carry the parent directory's attributes (feature DIR_ATTR).
+    pub dir_attr: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
     pub(super) foreign_writers: DashMap<(u64, u64), ()>,
     /// Ownership as this session's guest sees it.
@@ -123,6 +125,7 @@ impl ExportFs {
             handles: DashMap::new(),
             next_handle: AtomicU64::new(1),
             host_events: host_events && watcher.is_some(),
+            dir_attr: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
             watcher,
@@ -718,10 +721,19 @@ impl ExportFs {
                         return Err(e);
                     }
                 };
+                // After the creation: the kernel drops the directory's attributes and asks
+                // for them again before its next lookup in it.
+                let dir = match self.dir_attr {
+                    true => {
+                        (sys::fstat(pfd.as_fd()).ok()).map(|st| Box::new(self.attr_of(&st, parent)))
+                    }
+                    false => None,
+                };
                 Ok(Reply::Create {
                     entry,
                     fh,
                     flags: 0,
+                    dir,
                 })
             }
             Read { .. } => Err(WireErrno::EINVAL),
