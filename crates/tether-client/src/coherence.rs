@@ -97,6 +97,8 @@ pub struct Coherence {
     /// made in them through this mount since: while nothing in one has been invalidated, a
     /// name not among them does not exist, and its LOOKUP needs no round trip.
     new_dirs: DashMap<NodeId, (u64, HashSet<Bytes>)>,
+    /// The newest invalidation of a node forgotten since (its `invalidated` entry is gone).
+    forgotten_invalidation: AtomicU64,
 }
 
 /// Past this many names a new directory is no longer tracked (the memory is not worth it:
@@ -141,6 +143,7 @@ impl Coherence {
             alls_applied: AtomicU64::new(0),
             created: DashMap::new(),
             new_dirs: DashMap::new(),
+            forgotten_invalidation: AtomicU64::new(0),
         })
     }
 
@@ -169,6 +172,12 @@ impl Coherence {
             .get(&node)
             .map(|s| *s <= sent)
             .unwrap_or(true)
+    }
+
+    /// Like [`Coherence::fresh`], also for a node the kernel may have forgotten since
+    /// `sent`: what `fresh` knew of its invalidations went with it.
+    pub fn fresh_even_if_forgotten(&self, node: NodeId, sent: u64) -> bool {
+        self.forgotten_invalidation.load(Ordering::Acquire) <= sent && self.fresh(node, sent)
     }
 
     /// May the kernel keep what a reply (to a request sent at `sent`) says about `node`
@@ -308,7 +317,9 @@ impl Coherence {
         if node != ROOT_NODE {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
-            self.invalidated.remove(&node);
+            if let Some((_, seq)) = self.invalidated.remove(&node) {
+                self.forgotten_invalidation.fetch_max(seq, Ordering::AcqRel);
+            }
             self.created.remove(&node);
             self.new_dirs.remove(&node);
         }

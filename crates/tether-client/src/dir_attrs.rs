@@ -12,10 +12,24 @@
 //! only if nothing but that creation touched the directory between its sending and its
 //! reply, and used only while nothing has touched it since and no push invalidated it.
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
 use tether_proto::{Attr, NodeId, Request};
 
 use crate::coherence::Coherence;
+
+/// A request's count against the directories it changes, to repeat when it is answered.
+pub struct Touch(Arc<DirAttrs>, [NodeId; 2]);
+
+impl Touch {
+    pub fn answered(&self) {
+        self.0.touch(self.1[0]);
+        if self.1[1] != self.1[0] {
+            self.0.touch(self.1[1]);
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct DirAttrs {
@@ -27,33 +41,33 @@ pub struct DirAttrs {
 }
 
 impl DirAttrs {
-    /// `req` is about to be sent, or was answered: counts it against the directories it
-    /// changes. CREATE counts through [`DirAttrs::creating`] and [`DirAttrs::created`].
-    pub fn touch_for(&self, req: &Request) {
-        if self.touches.is_empty() {
-            return;
-        }
+    /// `req` is about to be sent: counts it against the directories it changes, and
+    /// returns what counts it again when it is answered ([`Touch::answered`]). CREATE
+    /// counts through [`DirAttrs::creating`] and [`DirAttrs::created`] instead.
+    pub fn touching(self: &Arc<Self>, req: &Request) -> Option<Touch> {
         use Request::*;
-        let (a, b) = match *req {
+        let dirs = match *req {
             Mknod { parent, .. }
             | Mkdir { parent, .. }
             | Symlink { parent, .. }
             | Unlink { parent, .. }
-            | Rmdir { parent, .. } => (parent, None),
-            Link { new_parent, .. } => (new_parent, None),
+            | Rmdir { parent, .. } => [parent, parent],
+            Link { new_parent, .. } => [new_parent, new_parent],
             Rename {
                 parent, new_parent, ..
-            } => (parent, Some(new_parent)),
-            Setattr { node, .. } | Setxattr { node, .. } | Removexattr { node, .. } => (node, None),
-            _ => return,
+            } => [parent, new_parent],
+            Setattr { node, .. } | Setxattr { node, .. } | Removexattr { node, .. } => [node, node],
+            _ => return None,
         };
-        self.touch(a);
-        if let Some(b) = b.filter(|b| *b != a) {
-            self.touch(b);
-        }
+        let t = Touch(self.clone(), dirs);
+        t.answered();
+        Some(t)
     }
 
     fn touch(&self, dir: NodeId) -> Option<u64> {
+        if self.touches.is_empty() {
+            return None;
+        }
         let mut t = self.touches.get_mut(&dir)?;
         *t += 1;
         Some(*t)
@@ -124,21 +138,23 @@ mod tests {
 
     #[test]
     fn attributes_from_a_creation_are_kept_until_the_directory_is_touched() {
-        let (d, co) = (DirAttrs::default(), Coherence::new());
+        let (d, co) = (Arc::new(DirAttrs::default()), Coherence::new());
         co.enable(); // the root (1) is watched
         let t = d.creating(1);
         d.created(1, t, attr(5), co.now());
         assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(5));
-        d.touch_for(&unlink(1));
+        d.touching(&unlink(1));
         assert!(d.get(1, &co).is_none());
     }
 
     #[test]
     fn a_change_between_a_creation_and_its_reply_leaves_nothing_known() {
-        let (d, co) = (DirAttrs::default(), Coherence::new());
+        let (d, co) = (Arc::new(DirAttrs::default()), Coherence::new());
         co.enable();
+        // An unlink sent before the creation and answered while it was on its way.
+        let unlinking = d.touching(&unlink(1)).unwrap();
         let t = d.creating(1);
-        d.touch_for(&unlink(1)); // sent while the creation was on its way
+        unlinking.answered();
         d.created(1, t, attr(5), co.now());
         assert!(d.get(1, &co).is_none());
         // Two creations in flight at once: neither reply is trusted.

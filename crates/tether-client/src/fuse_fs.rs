@@ -293,16 +293,10 @@ impl TetherFs {
             return;
         }
         // A change to a directory counts when sent and when answered (dir_attrs.rs).
-        let touched = msg
-            .op()
-            .mutates()
-            .then(|| (self.dir_attrs.clone(), msg.clone()));
-        if let Some((d, m)) = &touched {
-            d.touch_for(m);
-        }
+        let touch = self.dir_attrs.touching(&msg);
         self.conn.call(caller(req), &msg, move |res: ReplyResult| {
-            if let Some((d, m)) = &touched {
-                d.touch_for(m);
+            if let Some(t) = &touch {
+                t.answered();
             }
             match res {
                 Ok(r) => {
@@ -336,13 +330,10 @@ impl TetherFs {
         let (known, entry_name) = (self.known.clone(), entry_name(&msg));
         let made = !matches!(msg, Request::Lookup { .. });
         let mkdir = matches!(msg, Request::Mkdir { .. });
-        let touched = made.then(|| (self.dir_attrs.clone(), msg.clone()));
-        if let Some((d, m)) = &touched {
-            d.touch_for(m);
-        }
+        let touch = self.dir_attrs.touching(&msg);
         self.conn.call(caller(req), &msg, move |res: ReplyResult| {
-            if let Some((d, m)) = &touched {
-                d.touch_for(m);
+            if let Some(t) = &touch {
+                t.answered();
             }
             match res {
                 Ok(Reply::Entry(e)) => {
@@ -1383,14 +1374,14 @@ impl Filesystem for TetherFs {
                 // files are), so a handle given to it could stay open on the server for good:
                 // release it now and let the kernel do I/O on the new file by node.
                 let kernel_fh = if co.enabled() {
-                    conn.defer(
-                        who,
-                        Request::Release {
+                    // None to release when the server opened none (CREATE_NO_HANDLE).
+                    if fh != 0 {
+                        let release = Request::Release {
                             node: entry.node,
                             fh,
-                        },
-                        Some(Box::new(|_| {})),
-                    );
+                        };
+                        conn.defer(who, release, Some(Box::new(|_| {})));
+                    }
                     0
                 } else {
                     // Opened again without creating or truncating after a reconnect.

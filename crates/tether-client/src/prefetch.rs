@@ -10,13 +10,14 @@
 //! The server counted one lookup for every entry it listed: an entry handed to the kernel
 //! carries that count, and the others are given back (FORGET) after [`ENTRY_LIFE`].
 //!
-//! Coherence: a listed entry is used only if no push at all arrived since the listing was
-//! asked for (then nothing the server watches changed on the host), and nothing was
-//! changed through this mount since then, or was being changed then (`Connection::
-//! changes`); otherwise it is given back, and the LOOKUP goes to the server. So it is never
-//! staler than the reply to a LOOKUP sent when the listing was, and no change this guest
-//! made is missing from it. A cold walk changes nothing; a build that writes while it
-//! looks up names gets no help, and no harm.
+//! Coherence: a listed entry is used only if nothing about its directory or its node was
+//! invalidated since the listing was asked for (the rule for every reply, coherence.rs; a
+//! node the kernel forgot meanwhile counts as invalidated if any forgotten node was), and
+//! nothing was changed through this mount since then, or was being changed then
+//! (`Connection::changes`); otherwise it is given back, and the LOOKUP goes to the server.
+//! So it is never staler than the reply to a LOOKUP sent when the listing was, and no change
+//! this guest made is missing from it. A cold walk changes nothing; a build that writes
+//! while it looks up names gets no help, and no harm.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,8 +107,11 @@ impl Prefetch {
         let key = (dir, Bytes::copy_from_slice(name));
         let (_, l) = self.listed.remove(&key)?;
         let current = self.link() == Some(l.link);
-        let unchanged = self.co.now() == l.sent && self.conn.changes() == l.changes;
-        if current && unchanged && self.co.fresh(l.entry.node, l.sent) {
+        let dir_fresh = self.co.fresh(dir, l.sent);
+        let unchanged = self.conn.changes() == l.changes
+            && dir_fresh
+            && self.co.fresh_even_if_forgotten(l.entry.node, l.sent);
+        if current && unchanged {
             return Some(Prefetched {
                 entry: l.entry,
                 sent: l.sent,
@@ -116,6 +120,9 @@ impl Prefetch {
         }
         if current {
             self.give_back(vec![(l.entry.node, 1)]);
+        }
+        if !dir_fresh {
+            self.dirs.remove(&dir); // its names changed: may be listed again at once
         }
         None
     }

@@ -381,8 +381,12 @@ impl Connection {
                 | features::DIR_ATTR
                 | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
-                    (Some(_), false) => features::PUSH_INVALIDATE,
-                    (Some(_), true) => features::PUSH_INVALIDATE | features::HOST_EVENTS,
+                    (Some(_), false) => features::PUSH_INVALIDATE | features::CREATE_NO_HANDLE,
+                    (Some(_), true) => {
+                        features::PUSH_INVALIDATE
+                            | features::HOST_EVENTS
+                            | features::CREATE_NO_HANDLE
+                    }
                 },
             secret: opts.secret,
             owner: opts.owner,

@@ -28,6 +28,10 @@ pub mod features {
     /// CREATE replies carry the parent directory's attributes after the creation, so the
     /// client can answer the kernel's next GETATTR of that directory itself.
     pub const DIR_ATTR: u64 = 1 << 3;
+    /// CREATE opens no handle: its reply's `fh` is 0 and the client does I/O on the new
+    /// file by node (`IO_BY_NODE`), so it has no handle to release. Granted only with
+    /// `PUSH_INVALIDATE` (a client without it keeps files open by handle).
+    pub const CREATE_NO_HANDLE: u64 = 1 << 4;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

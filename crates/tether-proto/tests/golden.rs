@@ -2039,6 +2039,7 @@ fn wire_constants() {
     assert_eq!(features::IO_BY_NODE, 2);
     assert_eq!(features::HOST_EVENTS, 4);
     assert_eq!(features::DIR_ATTR, 8);
+    assert_eq!(features::CREATE_NO_HANDLE, 16);
     assert_eq!(open_flags::KEEP_CACHE, 1);
     assert_eq!(open_flags::DIRECT_IO, 2);
     assert_eq!(

@@ -124,11 +124,8 @@ pub fn run_session(
     let wants_push = hello.features & features::PUSH_INVALIDATE != 0;
     let wants_events = hello.features & features::HOST_EVENTS != 0;
     let owner = (hello.owner_uid, hello.owner_gid);
-    let fs = match ExportFs::new(export.clone(), wants_push, wants_events, owner) {
-        Ok(mut fs) => {
-            fs.dir_attr = hello.features & features::DIR_ATTR != 0;
-            Arc::new(fs)
-        }
+    let mut fs = match ExportFs::new(export.clone(), wants_push, wants_events, owner) {
+        Ok(fs) => fs,
         Err(e) => {
             writer.write_all(&reply_frame(reply_op, reply_id, &Err(e)))?;
             return Err(SessionError::Protocol(format!(
@@ -143,7 +140,11 @@ pub fn run_session(
         if fs.host_events {
             granted |= features::HOST_EVENTS;
         }
+        granted |= hello.features & features::CREATE_NO_HANDLE;
     }
+    fs.dir_attr = granted & features::DIR_ATTR != 0;
+    fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
+    let fs = Arc::new(fs);
     let terms = HelloReply {
         version: PROTOCOL_VERSION,
         features: granted,

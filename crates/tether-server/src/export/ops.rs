@@ -37,6 +37,8 @@ pub struct ExportFs {
     pub host_events: bool,
     /// CREATE replies carry the parent directory's attributes (feature DIR_ATTR).
     pub dir_attr: bool,
+    /// CREATE opens no handle (feature CREATE_NO_HANDLE).
+    pub create_no_handle: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
     pub(super) foreign_writers: DashMap<(u64, u64), ()>,
     /// Ownership as this session's guest sees it.
@@ -126,6 +128,7 @@ impl ExportFs {
             next_handle: AtomicU64::new(1),
             host_events: host_events && watcher.is_some(),
             dir_attr: false,
+            create_no_handle: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
             watcher,
@@ -714,11 +717,15 @@ impl ExportFs {
                 if new_file {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
-                let fh = match self.add_handle(entry.node, Handle::File(f)) {
-                    Ok(fh) => fh,
-                    Err(e) => {
-                        self.nodes.forget(entry.node, 1);
-                        return Err(e);
+                let fh = if self.create_no_handle {
+                    0 // the file closes here; the client writes to it by node
+                } else {
+                    match self.add_handle(entry.node, Handle::File(f)) {
+                        Ok(fh) => fh,
+                        Err(e) => {
+                            self.nodes.forget(entry.node, 1);
+                            return Err(e);
+                        }
                     }
                 };
                 // After the creation: the kernel drops the directory's attributes and asks
