@@ -175,12 +175,16 @@ impl AttrFixer {
         }
     }
 
-    /// True if something had to change.
+    /// True if something had to change. The whole fix runs inside `MountDir::with`, so an
+    /// unmount waits for the file to be closed (it failed with EBUSY when a fix ran then).
     fn apply(&self, node: NodeId, generation: u32) -> io::Result<bool> {
-        let file = self
-            .dir
-            .with(|root| open_by_node(root, node, generation))
-            .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))?;
+        self.dir
+            .with(|root| self.apply_on(root, node, generation))
+            .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))
+    }
+
+    fn apply_on(&self, root: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<bool> {
+        let file = open_by_node(root, node, generation)?;
         // The guest's own unwritten data and mtime go to the server first (the client
         // answers this FSYNC itself: no disk flush on the host), so that the host's
         // attributes include them and a write the guest made after the host's change is

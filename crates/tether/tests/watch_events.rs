@@ -344,15 +344,13 @@ while True:
     fs::set_permissions(h.join("src/app.js"), fs::Permissions::from_mode(0o600)).unwrap();
     w.wait_for_n("chmod", before + 1, &has("modified", p("src/app.js")));
     let t = UNIX_EPOCH + Duration::from_secs(1_234_567_890);
+    // Counted before the change: its event may arrive before the wait starts.
+    let before = modified(&w);
     fs::File::open(h.join("src/app.js"))
         .unwrap()
         .set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
         .unwrap();
-    w.wait_for_n(
-        "utimes",
-        modified(&w) + 1,
-        &has("modified", p("src/app.js")),
-    );
+    w.wait_for_n("utimes", before + 1, &has("modified", p("src/app.js")));
     fs::create_dir(h.join("src/lib")).unwrap();
     w.wait_for("mkdir", |l: &str| {
         l.starts_with(&format!("created dir {}", p("src/lib")))
