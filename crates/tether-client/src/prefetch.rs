@@ -27,7 +27,7 @@ use dashmap::DashMap;
 use tether_proto::{Caller, Entry, NodeId, Reply, Request};
 
 use crate::coherence::Coherence;
-use crate::rpc::{Connection, ReplyResult};
+use crate::rpc::{reply_generation, Connection, ReplyResult};
 
 /// Two LOOKUPs missing in one directory within this window start a listing.
 const MISS_WINDOW: Duration = Duration::from_millis(500);
@@ -188,8 +188,10 @@ impl Prefetch {
         r: ReplyResult,
     ) {
         let Ok(Reply::Dir(entries)) = r else { return };
-        let Some(link) = self.link() else {
-            return; // the connection it came on is gone, and its counts with it
+        // Not `self.link()`: this runs on the reader thread, which must not wait for the
+        // link's lock (rpc.rs).
+        let Some(link) = reply_generation() else {
+            return;
         };
         // A change through this mount was answered while the server listed: the listing
         // may predate it. Not kept (and so not continued).

@@ -130,6 +130,18 @@ pub struct LinkStats {
     sent: [AtomicU64; 64],
 }
 
+thread_local! {
+    /// Set on each connection's reader thread: the generation of that connection.
+    static READER_GENERATION: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// In a reply callback: the generation of the connection the reply came on (None on any
+/// other thread). Lock-free: the reader must never wait for a sender, or a full socket
+/// both ways deadlocks the connection.
+pub fn reply_generation() -> Option<u64> {
+    READER_GENERATION.with(|g| g.get())
+}
+
 impl Default for LinkStats {
     fn default() -> Self {
         LinkStats {
@@ -454,6 +466,7 @@ impl Connection {
     }
 
     fn read_replies(self: Arc<Self>, mut reader: Box<dyn io::Read + Send>, generation: u64) {
+        READER_GENERATION.with(|g| g.set(Some(generation)));
         let mut goodbye = false;
         let why = loop {
             let frame = read_frame(&mut *reader, MAX_FRAME_LEN);
@@ -750,8 +763,13 @@ impl Connection {
     }
 
     /// The generation of the connection requests go out on, while it is up and whole
-    /// (not while a lost one is being replaced or restored).
+    /// (not while a lost one is being replaced or restored). Takes the link's lock, which a
+    /// sender may hold while the socket is full; on a reader thread (in a reply callback)
+    /// it answers [`reply_generation`] instead.
     pub fn generation_up(&self) -> Option<u64> {
+        if let Some(g) = reply_generation() {
+            return Some(g); // a reader thread must not wait for the lock, even by mistake
+        }
         match &*self.link.lock().unwrap() {
             Link::Up {
                 generation,
