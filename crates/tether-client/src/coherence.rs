@@ -239,7 +239,8 @@ impl Coherence {
         known
     }
 
-    /// The server made directory `e` for a MKDIR sent at `sent`: it is empty.
+    /// The server made directory `e` for a MKDIR sent at `sent`: it is empty. After
+    /// `entry_given` (only a watched directory is tracked), before the kernel hears of it.
     pub fn dir_made(&self, e: &tether_proto::Entry, sent: u64) {
         if e.attr.mode & libc::S_IFMT == libc::S_IFDIR && self.cacheable(e.node, sent) {
             self.new_dirs.insert(e.node, (sent, HashSet::new()));
@@ -248,9 +249,6 @@ impl Coherence {
 
     /// `name` now exists in `dir`, made or moved there through this mount.
     pub fn name_made(&self, dir: NodeId, name: &[u8]) {
-        if self.new_dirs.is_empty() {
-            return;
-        }
         let full = match self.new_dirs.get_mut(&dir) {
             Some(mut d) if d.1.len() < NEW_DIR_NAMES_AT_MOST => {
                 d.1.insert(Bytes::copy_from_slice(name));

@@ -65,9 +65,6 @@ impl DirAttrs {
     }
 
     fn touch(&self, dir: NodeId) -> Option<u64> {
-        if self.touches.is_empty() {
-            return None;
-        }
         let mut t = self.touches.get_mut(&dir)?;
         *t += 1;
         Some(*t)
@@ -95,9 +92,6 @@ impl DirAttrs {
 
     /// `dir`'s attributes and the push sequence they date from, if they are known.
     pub fn get(&self, dir: NodeId, co: &Coherence) -> Option<(Attr, u64)> {
-        if self.known.is_empty() {
-            return None;
-        }
         let k = self.known.get(&dir)?;
         let touches = self.touches.get(&dir).map(|t| *t);
         if touches == Some(k.1) && co.cacheable(dir, k.2) {
@@ -110,10 +104,8 @@ impl DirAttrs {
 
     /// The kernel forgot `node`.
     pub fn forget(&self, node: NodeId) {
-        if !self.touches.is_empty() {
-            self.touches.remove(&node);
-            self.known.remove(&node);
-        }
+        self.touches.remove(&node);
+        self.known.remove(&node);
     }
 }
 

@@ -144,6 +144,27 @@ fn ttl_for(
     }
 }
 
+/// Gives the kernel entry `e` in `parent`, from a reply to a request sent at push sequence
+/// `sent` (cached as `ttl_for` allows). `Coherence::entry_given` must have seen it.
+fn give_entry(
+    co: &Coherence,
+    fallback: Duration,
+    parent: NodeId,
+    e: &Entry,
+    sent: u64,
+    reply: ReplyEntry,
+) {
+    let ttl = ttl_for(co, fallback, e.node, Some(parent), sent);
+    reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), Generation(e.generation));
+}
+
+/// Tells the kernel the name does not exist, cached until revoked (node id 0), as for a
+/// watched directory's ENOENT.
+fn give_missing(reply: ReplyEntry) {
+    let attr = file_attr(&Attr::default());
+    reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+}
+
 /// A kernel lock request on the wire: fcntl's lock types, and OFFSET_MAX for "to the end".
 fn lock_spec(owner: LockOwner, flock: bool, typ: i32, start: u64, end: u64) -> LockSpec {
     LockSpec {
@@ -292,20 +313,30 @@ impl TetherFs {
             reply.fail(Errno::EPERM);
             return;
         }
-        // A change to a directory counts when sent and when answered (dir_attrs.rs).
-        let touch = self.dir_attrs.touching(&msg);
-        self.conn.call(caller(req), &msg, move |res: ReplyResult| {
+        self.send(req, &msg, move |res: ReplyResult| match res {
+            Ok(r) => {
+                if let Err(reply) = ok(reply, r) {
+                    reply.fail(Errno::EIO);
+                }
+            }
+            Err(e) => reply.fail(errno(e)),
+        });
+    }
+
+    /// Sends `msg` for the kernel's `req`; `done` runs with the outcome. A change to a
+    /// directory counts when sent and when answered (dir_attrs.rs).
+    fn send(
+        &self,
+        req: &FuseRequest,
+        msg: &Request,
+        done: impl FnOnce(ReplyResult) + Send + 'static,
+    ) {
+        let touch = self.dir_attrs.touching(msg);
+        self.conn.call(caller(req), msg, move |res: ReplyResult| {
             if let Some(t) = &touch {
                 t.answered();
             }
-            match res {
-                Ok(r) => {
-                    if let Err(reply) = ok(reply, r) {
-                        reply.fail(Errno::EIO);
-                    }
-                }
-                Err(e) => reply.fail(errno(e)),
-            }
+            done(res)
         });
     }
 
@@ -330,40 +361,27 @@ impl TetherFs {
         let (known, entry_name) = (self.known.clone(), entry_name(&msg));
         let made = !matches!(msg, Request::Lookup { .. });
         let mkdir = matches!(msg, Request::Mkdir { .. });
-        let touch = self.dir_attrs.touching(&msg);
-        self.conn.call(caller(req), &msg, move |res: ReplyResult| {
-            if let Some(t) = &touch {
-                t.answered();
-            }
-            match res {
-                Ok(Reply::Entry(e)) => {
-                    co.entry_given(&e);
-                    if let Some(name) = entry_name {
-                        known.seen(parent, &name, e.node);
-                        if made {
-                            co.name_made(parent, &name);
-                        }
+        self.send(req, &msg, move |res: ReplyResult| match res {
+            Ok(Reply::Entry(e)) => {
+                co.entry_given(&e); // first: whether it is watched decides what follows
+                if let Some(name) = entry_name {
+                    known.seen(parent, &name, e.node);
+                    if made {
+                        co.name_made(parent, &name);
                     }
-                    if mkdir {
-                        co.dir_made(&e, sent);
-                    }
-                    let ttl = ttl_for(&co, fallback.attr_ttl, e.node, Some(parent), sent);
-                    reply.entry_with_ttls(
-                        &ttl,
-                        &ttl,
-                        &file_attr(&e.attr),
-                        Generation(e.generation),
-                    );
                 }
-                Ok(_) => reply.error(Errno::EIO),
-                // A missing name in a watched directory is cached too (node id 0): compilers
-                // and git probe many names that do not exist; the host's create revokes it.
-                Err(WireErrno::ENOENT) if negative_ok && co.cacheable(parent, sent) => {
-                    let attr = file_attr(&Attr::default());
-                    reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+                if mkdir {
+                    co.dir_made(&e, sent);
                 }
-                Err(e) => reply.error(errno(e)),
+                give_entry(&co, fallback.attr_ttl, parent, &e, sent, reply);
             }
+            Ok(_) => reply.error(Errno::EIO),
+            // A missing name in a watched directory is cached too (node id 0): compilers
+            // and git probe many names that do not exist; the host's create revokes it.
+            Err(WireErrno::ENOENT) if negative_ok && co.cacheable(parent, sent) => {
+                give_missing(reply);
+            }
+            Err(e) => reply.error(errno(e)),
         });
     }
 
@@ -474,15 +492,16 @@ impl TetherFs {
             });
     }
 
-    /// unlink, rmdir, rename: done already on the host when replayed.
-    /// For unlink and rmdir: `name` goes from `parent`.
+    /// For unlink and rmdir: `name` goes from `parent` (a replay's went on the host already).
     fn name_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
         if let Some(r) = self.replaying(req) {
             return replay_name_change(r, reply);
         }
-        let (Request::Unlink { parent, name } | Request::Rmdir { parent, name }) = msg.clone()
-        else {
-            unreachable!("name_call is for UNLINK and RMDIR")
+        let (parent, name) = match &msg {
+            Request::Unlink { parent, name } | Request::Rmdir { parent, name } => {
+                (*parent, name.clone())
+            }
+            _ => unreachable!("name_call is for UNLINK and RMDIR"),
         };
         let co = self.co.clone();
         self.call(req, msg, reply, move |reply, r| match r {
@@ -691,29 +710,20 @@ impl Filesystem for TetherFs {
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         if self.replaying(req).is_none() {
             if self.co.surely_absent(parent.0, n.as_bytes()) {
-                // Cached as a negative entry, as the server's ENOENT would be.
-                let attr = file_attr(&Attr::default());
-                reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
+                give_missing(reply); // as the server's ENOENT would be
                 return;
             }
             if let Some(p) = self.prefetch.take(parent.0, n.as_bytes()) {
-                let e = p.entry;
-                self.known.seen(parent.0, n.as_bytes(), e.node);
+                // Recorded first: a reconnect from now on restores it. Used only if it was
+                // counted on the connection that is still up (else a restore may have run
+                // without it): then ask the new one.
+                self.known.seen(parent.0, n.as_bytes(), p.entry.node);
                 if self.prefetch.link() == Some(p.link) {
-                    self.co.entry_given(&e);
-                    let ttl = ttl_for(
-                        &self.co,
-                        self.cache.entry_ttl,
-                        e.node,
-                        Some(parent.0),
-                        p.sent,
-                    );
-                    let attr = file_attr(&e.attr);
-                    reply.entry_with_ttls(&ttl, &ttl, &attr, Generation(e.generation));
-                    return;
+                    self.co.entry_given(&p.entry);
+                    let fallback = self.cache.attr_ttl;
+                    return give_entry(&self.co, fallback, parent.0, &p.entry, p.sent, reply);
                 }
-                // The connection changed meanwhile: ask the new one.
-                self.known.forgotten(e.node, 1);
+                self.known.forgotten(p.entry.node, 1);
             }
             self.prefetch.missed(parent.0, caller(req));
         }

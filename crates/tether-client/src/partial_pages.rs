@@ -13,7 +13,7 @@
 //! must never wait for a page the kernel may hold locked for that very request.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
@@ -28,14 +28,14 @@ type Span = (u64, u64);
 pub struct PartialPages {
     spans: DashMap<NodeId, Span>,
     /// Set by [`PartialPages::start`]; until then nothing is recorded.
-    drop_tx: OnceLock<Mutex<Sender<(NodeId, Span)>>>,
+    drop_tx: OnceLock<Sender<(NodeId, Span)>>,
 }
 
 impl PartialPages {
     /// Starts the thread that drops pages through `notifier`.
     pub fn start(&self, notifier: Notifier) {
         let (tx, rx) = channel();
-        if self.drop_tx.set(Mutex::new(tx)).is_ok() {
+        if self.drop_tx.set(tx).is_ok() {
             let spawned = std::thread::Builder::new()
                 .name("tether-pages".into())
                 .spawn(move || drop_loop(rx, notifier));
@@ -66,14 +66,10 @@ impl PartialPages {
     /// The kernel reads `len` bytes at `offset` of `node`: if that is one of its partly
     /// written pages, the others are dropped (the one being read is filled by this read).
     pub fn reading(&self, node: NodeId, offset: u64, len: u64) {
-        if self.spans.is_empty() {
-            return;
-        }
         let Some((_, (lo, hi))) = self.spans.remove(&node) else {
             return;
         };
         let Some(tx) = self.drop_tx.get() else { return };
-        let tx = tx.lock().unwrap();
         let end = offset.saturating_add(len);
         for part in [(lo, offset.min(hi)), (end.max(lo), hi)] {
             if part.0 < part.1 {
@@ -84,9 +80,7 @@ impl PartialPages {
 
     /// The kernel forgot `node`: its pages are gone.
     pub fn forget(&self, node: NodeId) {
-        if !self.spans.is_empty() {
-            self.spans.remove(&node);
-        }
+        self.spans.remove(&node);
     }
 }
 
@@ -104,7 +98,7 @@ mod tests {
     fn recording() -> (PartialPages, Receiver<(NodeId, Span)>) {
         let p = PartialPages::default();
         let (tx, rx) = channel();
-        let _ = p.drop_tx.set(Mutex::new(tx));
+        let _ = p.drop_tx.set(tx);
         (p, rx)
     }
 

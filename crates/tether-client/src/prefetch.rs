@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use dashmap::mapref::entry::Entry as Slot;
 use dashmap::DashMap;
 use tether_proto::{Caller, Entry, NodeId, Reply, Request};
 
@@ -99,26 +100,24 @@ impl Prefetch {
         }
     }
 
-    /// The listed entry for `name` in `dir`, if there is one and it is still good.
+    /// The listed entry for `name` in `dir`, if there is one and nothing about it changed
+    /// (its connection is for the caller to check: [`Prefetched::link`]).
     pub fn take(&self, dir: NodeId, name: &[u8]) -> Option<Prefetched> {
-        if self.listed.is_empty() {
-            return None;
-        }
         let key = (dir, Bytes::copy_from_slice(name));
         let (_, l) = self.listed.remove(&key)?;
-        let current = self.link() == Some(l.link);
         let dir_fresh = self.co.fresh(dir, l.sent);
         let unchanged = self.conn.changes() == l.changes
             && dir_fresh
             && self.co.fresh_even_if_forgotten(l.entry.node, l.sent);
-        if current && unchanged {
+        if unchanged {
+            // The caller checks `link` once it has recorded the kernel's lookup.
             return Some(Prefetched {
                 entry: l.entry,
                 sent: l.sent,
                 link: l.link,
             });
         }
-        if current {
+        if self.link() == Some(l.link) {
             self.give_back(vec![(l.entry.node, 1)]);
         }
         if !dir_fresh {
@@ -203,21 +202,19 @@ impl Prefetch {
         for e in entries {
             next = Some(e.offset);
             let Some(entry) = e.entry else { continue }; // "." and ".."
-            let key = (dir, e.name);
-            if !unchanged || self.listed.contains_key(&key) {
-                spare.push((entry.node, 1));
-                continue;
+                                                         // Kept unless the listing may predate a change, or the name is listed already.
+            match self.listed.entry((dir, e.name)) {
+                Slot::Vacant(v) if unchanged => {
+                    v.insert(Listed {
+                        entry,
+                        sent,
+                        changes,
+                        link,
+                        at,
+                    });
+                }
+                _ => spare.push((entry.node, 1)),
             }
-            self.listed.insert(
-                key,
-                Listed {
-                    entry,
-                    sent,
-                    changes,
-                    link,
-                    at,
-                },
-            );
         }
         self.give_back(spare);
         let so_far = so_far + count;
