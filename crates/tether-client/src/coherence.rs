@@ -61,6 +61,10 @@ pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
 pub struct Counters {
     pub pushes: AtomicU64,
     pub invalidations: AtomicU64,
+    /// Entries kept from listings, to answer LOOKUPs (prefetch.rs).
+    pub listed: AtomicU64,
+    /// Runs of partly written pages dropped (partial_pages.rs).
+    pub partial_pages_dropped: AtomicU64,
 }
 
 pub struct Coherence {

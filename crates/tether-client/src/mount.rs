@@ -199,7 +199,7 @@ impl Mounted {
             l.attach(session.notifier(), known);
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
-        pages.start(session.notifier());
+        pages.start(session.notifier(), co.clone());
         if co.fixer().is_some() {
             Flusher::start(dir.clone(), FLUSH_INTERVAL);
         }

@@ -12,12 +12,15 @@
 //! The invalidation runs on a thread of its own: it locks the pages, and a request handler
 //! must never wait for a page the kernel may hold locked for that very request.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
 use tether_proto::NodeId;
+
+use crate::coherence::Coherence;
 
 const PAGE: u64 = 4096;
 
@@ -32,13 +35,14 @@ pub struct PartialPages {
 }
 
 impl PartialPages {
-    /// Starts the thread that drops pages through `notifier`.
-    pub fn start(&self, notifier: Notifier) {
+    /// Starts the thread that drops pages through `notifier`, counting each run dropped
+    /// in `co`'s counters.
+    pub fn start(&self, notifier: Notifier, co: Arc<Coherence>) {
         let (tx, rx) = channel();
         if self.drop_tx.set(tx).is_ok() {
             let spawned = std::thread::Builder::new()
                 .name("tether-pages".into())
-                .spawn(move || drop_loop(rx, notifier));
+                .spawn(move || drop_loop(rx, notifier, co));
             if let Err(e) = spawned {
                 tracing::warn!("no thread to drop partly written pages: {e}");
             }
@@ -84,10 +88,13 @@ impl PartialPages {
     }
 }
 
-fn drop_loop(rx: Receiver<(NodeId, Span)>, notifier: Notifier) {
+fn drop_loop(rx: Receiver<(NodeId, Span)>, notifier: Notifier, co: Arc<Coherence>) {
     for (node, (lo, hi)) in rx {
         // An error means the kernel holds nothing of the node any more: fine.
         let _ = notifier.inval_inode(INodeNo(node), lo as i64, (hi - lo) as i64);
+        co.counters
+            .partial_pages_dropped
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 

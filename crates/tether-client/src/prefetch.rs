@@ -19,6 +19,7 @@
 //! this guest made is missing from it. A cold walk changes nothing; a build that writes
 //! while it looks up names gets no help, and no harm.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -212,6 +213,7 @@ impl Prefetch {
                         link,
                         at,
                     });
+                    self.co.counters.listed.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => spare.push((entry.node, 1)),
             }

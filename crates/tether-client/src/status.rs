@@ -118,7 +118,8 @@ fn answer(
         "mount: {mp}\nserver: {}{}\nconnection: {} ({} reconnects, {} requests sent again, \
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
-         host events: {events}\nrequests sent: {}\n",
+         host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
+         partly written page runs dropped: {}\n",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"
@@ -132,6 +133,8 @@ fn answer(
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
         sent.join(", "),
+        co.counters.listed.load(Ordering::Relaxed),
+        co.counters.partial_pages_dropped.load(Ordering::Relaxed),
     );
     s.write_all(report.as_bytes())
 }

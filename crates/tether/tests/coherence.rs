@@ -207,6 +207,38 @@ fn counter(report: &str, key: &str) -> u64 {
         .unwrap()
 }
 
+/// Waits for the client's own background work, which a loaded machine may delay by
+/// seconds (unlike [`visible`], whose deadline is the product's promise).
+fn settled(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not done in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until the mount has received every push of the host's earlier changes (none for
+/// half a second): a push arriving later would make a test that counts requests count the
+/// refetch it causes.
+fn pushes_settled(mnt: &Path) {
+    let start = Instant::now();
+    let mut last = (counter(&status(mnt), "pushes received"), Instant::now());
+    while last.1.elapsed() < Duration::from_millis(500) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pushes never settle"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let now = counter(&status(mnt), "pushes received");
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+}
+
 #[test]
 fn the_guests_own_changes_are_not_echoed_back() {
     require_mount!();
@@ -448,7 +480,15 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
         std::io::Write::write_all(&mut f, piece).unwrap();
     }
     drop(f);
+    // Reading the first page drops the other partly written pages, on a thread of the
+    // client's own; once it has, the rest goes in large requests.
     let before = status(&t.mnt);
+    let mut first = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&p).unwrap(), &mut first, 0).unwrap();
+    let dropped = "partly written page runs dropped";
+    settled(&format!("{dropped} after a read of the first"), || {
+        counter(&status(&t.mnt), dropped) > counter(&before, dropped)
+    });
     assert_eq!(fs::read(&p).unwrap(), data, "content read back");
     let reads = sent(&status(&t.mnt), "READ") - sent(&before, "READ");
     assert!(
@@ -541,7 +581,17 @@ fn a_cold_walk_by_path_is_answered_from_one_listing() {
     for i in 0..200 {
         fs::write(t.export.join(format!("d/f{i}")), vec![b'x'; i]).unwrap();
     }
+    pushes_settled(&t.mnt);
     let before = status(&t.mnt);
+    // The second miss starts the listing; until its reply is in, LOOKUPs still go out (a
+    // few on a quiet machine, more on a loaded one), so the walk waits for it.
+    for i in 0..2 {
+        fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
+    }
+    let listed = "entries listed ahead of lookups";
+    settled("the listing", || {
+        counter(&status(&t.mnt), listed) >= counter(&before, listed) + 200
+    });
     for i in 0..150 {
         let m = fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
         assert_eq!(m.len(), i as u64, "f{i}");
@@ -549,7 +599,7 @@ fn a_cold_walk_by_path_is_answered_from_one_listing() {
     let after = status(&t.mnt);
     let lookups = sent(&after, "LOOKUP") - sent(&before, "LOOKUP");
     assert!(
-        lookups <= 10,
+        lookups <= 3,
         "{lookups} LOOKUPs for 150 names in one directory"
     );
 
@@ -584,7 +634,7 @@ fn a_listing_never_hides_a_change_made_through_the_mount() {
         fs::write(t.export.join(format!("d/f{i}")), vec![b'x'; i]).unwrap();
     }
     fs::hard_link(t.export.join("d/f10"), t.export.join("other/h10")).unwrap();
-    std::thread::sleep(Duration::from_millis(200)); // the host's changes are pushed
+    pushes_settled(&t.mnt);
     let before = status(&t.mnt);
     for i in [1, 2] {
         fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
