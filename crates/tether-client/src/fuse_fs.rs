@@ -6,6 +6,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,8 +19,8 @@ use fuser::{
     WriteFlags,
 };
 use tether_proto::{
-    lock_type, setattr_valid, Attr, Caller, Entry, LockSpec, NodeId, Reply, Request, SetAttr,
-    SetTime, Timespec, WireErrno,
+    fuse_dirent_size, lock_type, setattr_valid, Attr, Caller, Entry, LockSpec, NodeId, Reply,
+    Request, SetAttr, SetTime, Timespec, WireErrno,
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
@@ -31,6 +32,10 @@ use crate::prefetch::Prefetch;
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::AttrFixer;
+
+/// What a READDIRPLUS asks the server for at most: glibc's readdir buffer (the kernel's,
+/// since Linux 6.x, is the caller's getdents size).
+const LISTING_BYTES: u32 = 32 * 1024;
 
 /// How long the kernel may trust what it caches. Until the server pushes invalidations
 /// (the coherence work), these must be short for the guest to see host changes.
@@ -71,6 +76,11 @@ pub struct TetherFs {
     dir_attrs: Arc<DirAttrs>,
     /// Directory listings answering LOOKUPs of a cold walk (prefetch.rs).
     prefetch: Arc<Prefetch>,
+    /// How much of a listing a READDIRPLUS asks the server for. fuser does not tell us the
+    /// kernel's buffer size, which is the caller's getdents size (glibc's readdir: 32 KiB)
+    /// on recent kernels and one page on older ones; entries that do not fit are given
+    /// back, so after the first reply that overflows, the mount asks for what fitted.
+    listing_bytes: Arc<AtomicU32>,
     /// Pages partly filled by writes, dropped when the kernel reads one (partial_pages.rs).
     pages: Arc<PartialPages>,
     /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
@@ -87,14 +97,14 @@ impl TetherFs {
         fixer: Option<Arc<AttrFixer>>,
         locks: Option<Locks>,
     ) -> Self {
-        let prefetch = Prefetch::new(conn.clone(), co.clone());
-        prefetch.start();
+        let prefetch = Prefetch::new(co.clone());
         TetherFs {
             conn,
             cache,
             co,
             dir_attrs: Arc::default(),
             prefetch,
+            listing_bytes: Arc::new(AtomicU32::new(LISTING_BYTES)),
             replayer,
             known: Arc::default(),
             fixer,
@@ -106,6 +116,10 @@ impl TetherFs {
 
     pub fn known(&self) -> Arc<Known> {
         self.known.clone()
+    }
+
+    pub fn prefetch(&self) -> Arc<Prefetch> {
+        self.prefetch.clone()
     }
 
     pub fn partial_pages(&self) -> Arc<PartialPages> {
@@ -713,19 +727,7 @@ impl Filesystem for TetherFs {
                 give_missing(reply); // as the server's ENOENT would be
                 return;
             }
-            if let Some(p) = self.prefetch.take(parent.0, n.as_bytes()) {
-                // Recorded first: a reconnect from now on restores it. Used only if it was
-                // counted on the connection that is still up (else a restore may have run
-                // without it): then ask the new one.
-                self.known.seen(parent.0, n.as_bytes(), p.entry.node);
-                if self.prefetch.link() == Some(p.link) {
-                    self.co.entry_given(&p.entry);
-                    let fallback = self.cache.attr_ttl;
-                    return give_entry(&self.co, fallback, parent.0, &p.entry, p.sent, reply);
-                }
-                self.known.forgotten(p.entry.node, 1);
-            }
-            self.prefetch.missed(parent.0, caller(req));
+            self.prefetch.missed(parent.0);
         }
         self.entry_call(
             req,
@@ -751,7 +753,9 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
+        let parent = self.known.parent_of(ino.0);
         if self.known.forgotten(ino.0, nlookup) {
+            self.prefetch.forgotten(ino.0, parent);
             self.co.forget_file(ino.0);
             self.pages.forget(ino.0);
             self.dir_attrs.forget(ino.0);
@@ -1163,9 +1167,10 @@ impl Filesystem for TetherFs {
             node: ino.0,
             fh: fh.0,
             offset,
-            size: 4096,
+            size: self.listing_bytes.load(Ordering::Relaxed),
             plus: true,
         };
+        let listing_bytes = self.listing_bytes.clone();
         let (co, fallback, sent, dir) =
             (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
         let (conn, known) = (self.conn.clone(), self.known.clone());
@@ -1174,6 +1179,7 @@ impl Filesystem for TetherFs {
             Reply::Dir(entries) => {
                 let mut unused: Vec<(u64, u64)> = Vec::new();
                 let mut full = false;
+                let mut fitted = 0;
                 for e in entries {
                     let entry = e.entry.unwrap_or(Entry {
                         node: e.ino,
@@ -1197,8 +1203,11 @@ impl Filesystem for TetherFs {
                             &file_attr(&entry.attr),
                             Generation(entry.generation),
                         );
-                        if !full && e.entry.is_some() {
-                            known.seen(dir, &e.name, entry.node);
+                        if !full {
+                            fitted += fuse_dirent_size(e.name.len(), true);
+                            if e.entry.is_some() {
+                                known.seen(dir, &e.name, entry.node);
+                            }
                         }
                     }
                     // The server counted a lookup for each entry it sent; give back the ones
@@ -1208,6 +1217,11 @@ impl Filesystem for TetherFs {
                     }
                 }
                 reply.ok();
+                if full {
+                    // The kernel's buffer was smaller than asked for: ask for no more.
+                    let fits = (fitted as u32).next_multiple_of(4096).max(4096);
+                    listing_bytes.fetch_min(fits, Ordering::Relaxed);
+                }
                 if !unused.is_empty() {
                     conn.defer(who, Request::Forget { nodes: unused }, None);
                 }

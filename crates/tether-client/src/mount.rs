@@ -185,6 +185,7 @@ impl Mounted {
         );
         let known = fs.known();
         let pages = fs.partial_pages();
+        let prefetch = fs.prefetch();
         conn.set_restorer(Arc::new(Restore::new(
             known.clone(),
             co.clone(),
@@ -196,10 +197,11 @@ impl Mounted {
         }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(l) = &locks {
-            l.attach(session.notifier(), known);
+            l.attach(session.notifier(), known.clone());
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
         pages.start(session.notifier(), co.clone());
+        prefetch.start(dir.clone(), known.clone());
         if co.fixer().is_some() {
             Flusher::start(dir.clone(), FLUSH_INTERVAL);
         }

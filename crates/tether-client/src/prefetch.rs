@@ -1,134 +1,91 @@
-//! Directory listings fetched ahead of LOOKUPs.
+//! Directory listings ahead of LOOKUPs.
 //!
 //! A cold walk by known paths (a `stat` of every file of a tree, a build opening its
-//! sources) sends one LOOKUP per name, and each is a round trip through two threads on
-//! each side. After a second LOOKUP that the kernel could not answer in the same directory
-//! within [`MISS_WINDOW`], the client lists that directory once with attributes (READDIR
-//! plus, up to [`LISTED_AT_MOST`] entries) and answers the next LOOKUPs of its names from
-//! the listing, without a round trip.
+//! sources) makes the kernel send one LOOKUP per name, and each is a round trip through
+//! the FUSE device, even when the client could answer it itself. After a second LOOKUP
+//! that the kernel could not answer in the same directory within [`MISS_WINDOW`], a thread
+//! of the client lists that directory through the mount (getdents, up to
+//! [`LISTED_AT_MOST`] entries). The kernel asks READDIRPLUS for it and puts every entry of
+//! the replies into its dentry cache, so the rest of the walk finds its names there
+//! without any request.
 //!
-//! The server counted one lookup for every entry it listed: an entry handed to the kernel
-//! carries that count, and the others are given back (FORGET) after [`ENTRY_LIFE`].
+//! Coherence: these are ordinary READDIRPLUS replies, cached and revoked like those of an
+//! `ls` in the guest (coherence.rs); the kernel counts and forgets their lookups itself.
+//! Guest watchers of the directory see it opened and closed.
 //!
-//! Coherence: a listed entry is used only if nothing about its directory or its node was
-//! invalidated since the listing was asked for (the rule for every reply, coherence.rs; a
-//! node the kernel forgot meanwhile counts as invalidated if any forgotten node was), and
-//! nothing was changed through this mount since then, or was being changed then
-//! (`Connection::changes`); otherwise it is given back, and the LOOKUP goes to the server.
-//! So it is never staler than the reply to a LOOKUP sent when the listing was, and no change
-//! this guest made is missing from it. A cold walk changes nothing; a build that writes
-//! while it looks up names gets no help, and no harm.
+//! The directory is opened by its path, rebuilt from where the kernel was given each node
+//! ([`Known::path_of`]); a rename racing that lists another directory or none, which only
+//! wastes the listing.
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use dashmap::mapref::entry::Entry as Slot;
 use dashmap::DashMap;
-use tether_proto::{Caller, Entry, NodeId, Reply, Request};
+use tether_proto::NodeId;
 
 use crate::coherence::Coherence;
-use crate::rpc::{reply_generation, Connection, ReplyResult};
+use crate::restore::Known;
+use crate::writeback::MountDir;
 
 /// Two LOOKUPs missing in one directory within this window start a listing.
 const MISS_WINDOW: Duration = Duration::from_millis(500);
-/// How long a listed entry waits for its LOOKUP (and a directory before it is listed again).
-const ENTRY_LIFE: Duration = Duration::from_secs(2);
+/// A directory listed is not listed again before this (the kernel keeps what it got).
+const LISTED_FOR: Duration = Duration::from_secs(2);
 /// Entries listed per directory at most: a lookup in a huge directory must not fetch it all.
 const LISTED_AT_MOST: usize = 4096;
-/// READDIR buffer size per request (the kernel's own is 4 KiB; entries with attributes are
-/// about 150 bytes each).
-const LISTING_BYTES: u32 = 64 * 1024;
-
-struct Listed {
-    entry: Entry,
-    /// Push sequence when the listing was asked for.
-    sent: u64,
-    /// `Connection::changes` then.
-    changes: u64,
-    /// The connection the server counted it on (`Connection::generation_up`).
-    link: u64,
-    at: Instant,
-}
+/// Directories waiting for the lister; beyond this a walk's later directories are skipped.
+const QUEUED_AT_MOST: usize = 256;
 
 #[derive(Clone, Copy)]
 struct DirState {
     window_start: Instant,
     misses: u32,
-    /// Listed (or being listed) until then: not listed again before.
+    /// Listed (or queued) until then: not listed again before.
     listed_until: Option<Instant>,
 }
 
 pub struct Prefetch {
-    conn: Arc<Connection>,
     co: Arc<Coherence>,
-    listed: DashMap<(NodeId, Bytes), Listed>,
     dirs: DashMap<NodeId, DirState>,
-}
-
-/// An entry from a listing, for the kernel.
-pub struct Prefetched {
-    pub entry: Entry,
-    pub sent: u64,
-    /// The connection it was counted on: still the one up once the client has recorded
-    /// the kernel's lookup, or else the new connection's restore may have missed it.
-    pub link: u64,
+    /// Set by [`Prefetch::start`]; until then nothing is listed.
+    lister: OnceLock<SyncSender<NodeId>>,
 }
 
 impl Prefetch {
-    pub fn new(conn: Arc<Connection>, co: Arc<Coherence>) -> Arc<Prefetch> {
+    pub fn new(co: Arc<Coherence>) -> Arc<Prefetch> {
         Arc::new(Prefetch {
-            conn,
             co,
-            listed: DashMap::new(),
             dirs: DashMap::new(),
+            lister: OnceLock::new(),
         })
     }
 
-    /// Starts the thread that gives back expired entries; it runs as long as the process.
-    pub fn start(self: &Arc<Self>) {
-        let me = Arc::downgrade(self);
+    /// Starts the thread that lists directories through the mount at `dir`, finding them
+    /// by the places in `known`; it ends when the mount is gone.
+    pub fn start(self: &Arc<Self>, dir: Arc<MountDir>, known: Arc<Known>) {
+        let (tx, rx) = sync_channel(QUEUED_AT_MOST);
+        if self.lister.set(tx).is_err() {
+            return;
+        }
+        let co = self.co.clone();
         let spawned = std::thread::Builder::new()
             .name("tether-prefetch".into())
-            .spawn(move || loop {
-                std::thread::sleep(ENTRY_LIFE / 2);
-                let Some(me) = me.upgrade() else { return };
-                me.expire(Instant::now());
-            });
+            .spawn(move || list_loop(rx, &dir, &known, &co));
         if let Err(e) = spawned {
-            tracing::warn!("no thread to expire listed entries: {e}");
+            tracing::warn!("no thread to list directories ahead of lookups: {e}");
         }
-    }
-
-    /// The listed entry for `name` in `dir`, if there is one and nothing about it changed
-    /// (its connection is for the caller to check: [`Prefetched::link`]).
-    pub fn take(&self, dir: NodeId, name: &[u8]) -> Option<Prefetched> {
-        let key = (dir, Bytes::copy_from_slice(name));
-        let (_, l) = self.listed.remove(&key)?;
-        let dir_fresh = self.co.fresh(dir, l.sent);
-        let unchanged = self.conn.changes() == l.changes
-            && dir_fresh
-            && self.co.fresh_even_if_forgotten(l.entry.node, l.sent);
-        if unchanged {
-            // The caller checks `link` once it has recorded the kernel's lookup.
-            return Some(Prefetched {
-                entry: l.entry,
-                sent: l.sent,
-                link: l.link,
-            });
-        }
-        if self.link() == Some(l.link) {
-            self.give_back(vec![(l.entry.node, 1)]);
-        }
-        if !dir_fresh {
-            self.dirs.remove(&dir); // its names changed: may be listed again at once
-        }
-        None
     }
 
     /// A LOOKUP in `dir` goes to the server: the second within [`MISS_WINDOW`] lists `dir`.
-    pub fn missed(self: &Arc<Self>, dir: NodeId, caller: Caller) {
+    pub fn missed(&self, dir: NodeId) {
+        let Some(lister) = self.lister.get() else {
+            return;
+        };
         if !self.co.enabled() {
             return;
         }
@@ -148,111 +105,138 @@ impl Prefetch {
                 }
                 st.misses += 1;
                 if st.misses >= 2 {
-                    st.listed_until = Some(now + ENTRY_LIFE);
+                    st.listed_until = Some(now + LISTED_FOR);
                     st.misses = 0;
                 }
                 st.misses == 0
             }
         };
         if list {
-            self.list(dir, 0, 0, caller, false);
-        }
-    }
-
-    /// Asks for the page of `dir`'s listing at `offset` (`so_far` entries listed before).
-    fn list(self: &Arc<Self>, dir: NodeId, offset: u64, so_far: usize, who: Caller, defer: bool) {
-        let (sent, changes) = (self.co.now(), self.conn.changes());
-        let msg = Request::Readdir {
-            node: dir,
-            fh: 0,
-            offset,
-            size: LISTING_BYTES,
-            plus: true,
-        };
-        let me = self.clone();
-        let done = move |r: ReplyResult| me.listed(dir, so_far, (sent, changes), who, r);
-        if defer {
-            self.conn.defer(who, msg, Some(Box::new(done)));
-        } else {
-            self.conn.call(who, &msg, done);
-        }
-    }
-
-    /// A page of a listing arrived (on the reader thread).
-    fn listed(
-        self: &Arc<Self>,
-        dir: NodeId,
-        so_far: usize,
-        (sent, changes): (u64, u64),
-        who: Caller,
-        r: ReplyResult,
-    ) {
-        let Ok(Reply::Dir(entries)) = r else { return };
-        // Not `self.link()`: this runs on the reader thread, which must not wait for the
-        // link's lock (rpc.rs).
-        let Some(link) = reply_generation() else {
-            return;
-        };
-        // A change through this mount was answered while the server listed: the listing
-        // may predate it. Not kept (and so not continued).
-        let unchanged = self.conn.changes() == changes;
-        let at = Instant::now();
-        let mut spare = Vec::new();
-        let mut next = None;
-        let count = entries.len();
-        for e in entries {
-            next = Some(e.offset);
-            let Some(entry) = e.entry else { continue }; // "." and ".."
-                                                         // Kept unless the listing may predate a change, or the name is listed already.
-            match self.listed.entry((dir, e.name)) {
-                Slot::Vacant(v) if unchanged => {
-                    v.insert(Listed {
-                        entry,
-                        sent,
-                        changes,
-                        link,
-                        at,
-                    });
-                    self.co.counters.listed.fetch_add(1, Ordering::Relaxed);
+            if let Err(TrySendError::Full(_)) = lister.try_send(dir) {
+                // Not listed: the next misses may try again.
+                if let Some(mut st) = self.dirs.get_mut(&dir) {
+                    st.listed_until = None;
                 }
-                _ => spare.push((entry.node, 1)),
             }
         }
-        self.give_back(spare);
-        let so_far = so_far + count;
-        if let Some(offset) = next.filter(|_| unchanged && so_far < LISTED_AT_MOST) {
-            self.list(dir, offset, so_far, who, true);
+        if self.dirs.len() > 4 * LISTED_AT_MOST {
+            self.dirs.retain(|_, d| {
+                d.listed_until.is_some_and(|t| now < t)
+                    || now.duration_since(d.window_start) < MISS_WINDOW
+            });
         }
     }
+}
 
-    /// Gives back the entries listed before `now - ENTRY_LIFE`.
-    fn expire(&self, now: Instant) {
-        let link = self.link();
-        let mut old = Vec::new();
-        self.listed.retain(|_, l| {
-            let keep = now.duration_since(l.at) < ENTRY_LIFE;
-            if !keep && link == Some(l.link) {
-                old.push((l.entry.node, 1));
+impl Prefetch {
+    /// The kernel forgot `node`, last seen in `parent`: what it listed there may be gone
+    /// from its cache (memory pressure, drop_caches), so `parent` may be listed again.
+    pub fn forgotten(&self, node: NodeId, parent: Option<NodeId>) {
+        self.dirs.remove(&node);
+        if let Some(mut d) = parent.and_then(|p| self.dirs.get_mut(&p)) {
+            d.listed_until = None;
+        }
+    }
+}
+
+fn list_loop(rx: Receiver<NodeId>, mount: &MountDir, known: &Known, co: &Coherence) {
+    for dir in rx {
+        let Some(path) = known.path_of(dir) else {
+            continue;
+        };
+        match mount.with_path(|root| list(root, path.as_os_str().as_bytes())) {
+            Some(Ok(n)) => {
+                co.counters.listed.fetch_add(n as u64, Ordering::Relaxed);
             }
-            keep
-        });
-        self.dirs.retain(|_, d| {
-            d.listed_until.is_some_and(|t| now < t)
-                || now.duration_since(d.window_start) < MISS_WINDOW
-        });
-        self.give_back(old);
-    }
-
-    fn give_back(&self, nodes: Vec<(NodeId, u64)>) {
-        if !nodes.is_empty() {
-            self.conn
-                .defer(Caller::default(), Request::Forget { nodes }, None);
+            Some(Err(e)) => tracing::debug!("listing {} ahead failed: {e}", path.display()),
+            None => {} // paused or gone
         }
     }
+}
 
-    /// Counts are per connection: after a reconnect, entries counted on the old one are
-    /// dropped, not given back, and none are used while a connection is being replaced.
-    pub fn link(&self) -> Option<u64> {
-        self.conn.generation_up()
+/// Reads up to [`LISTED_AT_MOST`] entries of the directory at `path` below `root`.
+fn list(root: BorrowedFd<'_>, path: &[u8]) -> io::Result<usize> {
+    let c_path = std::ffi::CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: a valid descriptor and a NUL-terminated path.
+    let fd = unsafe {
+        libc::openat(
+            root.as_raw_fd(),
+            c_path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut buf = vec![0u8; 32 * 1024]; // glibc's, so that the kernel asks for what fits
+    let mut entries = 0;
+    while entries < LISTED_AT_MOST {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            break;
+        }
+        entries += count_dirents(&buf[..n as usize]);
+    }
+    Ok(entries)
+}
+
+/// The number of `linux_dirent64` records in `buf`, not counting "." and "..".
+fn count_dirents(buf: &[u8]) -> usize {
+    // d_ino (8), d_off (8), d_reclen (2), d_type (1), then the name.
+    let mut at = 0;
+    let mut n = 0;
+    while at + 19 <= buf.len() {
+        let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+        if reclen == 0 {
+            break;
+        }
+        let name = &buf[at + 19..(at + reclen).min(buf.len())];
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if name != b"." && name != b".." {
+            n += 1;
+        }
+        at += reclen;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirent(name: &[u8]) -> Vec<u8> {
+        let reclen = (19 + name.len() + 1).next_multiple_of(8);
+        let mut r = vec![0u8; reclen];
+        r[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+        r[19..19 + name.len()].copy_from_slice(name);
+        r
+    }
+
+    #[test]
+    fn counts_entries_but_not_dot_and_dotdot() {
+        let buf: Vec<u8> = [&b"."[..], b"..", b"a", b"a-longer-name.txt", b"..."]
+            .iter()
+            .flat_map(|n| dirent(n))
+            .collect();
+        assert_eq!(count_dirents(&buf), 3);
+        assert_eq!(count_dirents(&[]), 0);
+        assert_eq!(
+            count_dirents(&buf[..5]),
+            0,
+            "a cut record is not read past its end"
+        );
     }
 }

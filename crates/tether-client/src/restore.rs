@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,6 +61,31 @@ impl Known {
     /// Where `node` was last seen: (parent, name).
     pub fn place_of(&self, node: NodeId) -> Option<(NodeId, Box<[u8]>)> {
         self.places.get(&node).map(|p| (p.parent, p.name.clone()))
+    }
+
+    /// The directory `node` was last seen in.
+    pub fn parent_of(&self, node: NodeId) -> Option<NodeId> {
+        self.places.get(&node).map(|p| p.parent)
+    }
+
+    /// The path of `node` below the mount's root, from where each node on the way was
+    /// last seen (None if one is unknown). Only as good as those places: a rename in
+    /// progress may lead elsewhere.
+    pub fn path_of(&self, mut node: NodeId) -> Option<std::path::PathBuf> {
+        let mut names = Vec::new();
+        while node != ROOT_NODE {
+            let (parent, name) = self.place_of(node)?;
+            names.push(name);
+            node = parent;
+            if names.len() > 4096 {
+                return None; // a loop, from places recorded at different times
+            }
+        }
+        let mut path = std::path::PathBuf::from(".");
+        for name in names.iter().rev() {
+            path.push(std::ffi::OsStr::from_bytes(name));
+        }
+        Some(path)
     }
 
     /// Records `node`'s place, adding `lookups` to its count.

@@ -305,6 +305,8 @@ fn kernel_size_and_mtime(file: &OwnedFd) -> io::Result<(u64, (i64, u32))> {
 pub struct MountDir {
     path: PathBuf,
     state: Mutex<DirState>,
+    /// The mount's device number, once known.
+    dev: std::sync::OnceLock<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -312,6 +314,17 @@ enum DirState {
     Open,
     Paused,
     Gone,
+}
+
+/// The device number of the file system `fd` is on.
+fn fstat_dev(fd: BorrowedFd<'_>) -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: a valid descriptor and a stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded.
+    Some(unsafe { st.assume_init() }.st_dev)
 }
 
 /// statfs's f_type of a FUSE mount.
@@ -322,6 +335,7 @@ impl MountDir {
         MountDir {
             path,
             state: Mutex::new(DirState::Open),
+            dev: std::sync::OnceLock::new(),
         }
     }
 
@@ -345,6 +359,36 @@ impl MountDir {
         }
         // SAFETY: fstatfs succeeded.
         if unsafe { sfs.assume_init() }.f_type != FUSE_SUPER_MAGIC {
+            return None;
+        }
+        let r = f(dir.as_fd());
+        drop(dir);
+        drop(state);
+        Some(r)
+    }
+
+    /// Like [`MountDir::with`], with an `O_PATH` descriptor (usable as `openat`'s base),
+    /// and without the round trips: opening the root for reading sends OPENDIR and
+    /// RELEASEDIR, fstatfs sends STATFS. It checks the device number instead, learned from
+    /// the first check of `with`.
+    pub fn with_path<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
+        let dev = match self.dev.get() {
+            Some(dev) => *dev,
+            None => {
+                let dev = self.with(fstat_dev)??;
+                *self.dev.get_or_init(|| dev)
+            }
+        };
+        let state = self.state.lock().unwrap();
+        if *state != DirState::Open {
+            return None;
+        }
+        let dir = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&self.path)
+            .ok()?;
+        if fstat_dev(dir.as_fd())? != dev {
             return None;
         }
         let r = f(dir.as_fd());

@@ -277,6 +277,14 @@ pub mod open_flags {
     pub const DIRECT_IO: u32 = 2;
 }
 
+/// Size of one entry in the kernel's readdir buffer: a fuse_dirent (24 bytes) or a
+/// fuse_direntplus (128 + 24 bytes), plus the name, padded to 8 bytes. A READDIR's `size`
+/// is counted in these.
+pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
+    let base = if plus { 152 } else { 24 };
+    (base + name_len).next_multiple_of(8)
+}
+
 /// A directory entry. `entry` is present in readdirplus replies (except for "." and "..");
 /// each present entry counts as one lookup of its node.
 #[derive(Debug, Clone, PartialEq, Eq)]

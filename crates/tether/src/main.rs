@@ -415,8 +415,8 @@ fn run(cmd: Command) -> Result<()> {
                 },
             )?;
             let h = &conn.hello;
-            println!(
-                "ok: {addr} speaks protocol {}, {}, ownership {:?}",
+            print_out(&format!(
+                "ok: {addr} speaks protocol {}, {}, ownership {:?}\n",
                 h.version,
                 if h.read_only {
                     "read-only"
@@ -424,12 +424,12 @@ fn run(cmd: Command) -> Result<()> {
                     "read-write"
                 },
                 h.id_mapping
-            );
+            ))?;
             conn.shut_down();
             Ok(())
         }
         Command::Status { mountpoint } => {
-            print!("{}", tether_client::status::query(&mountpoint)?);
+            print_out(&tether_client::status::query(&mountpoint)?)?;
             Ok(())
         }
         Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy).map_err(|e| {
@@ -442,5 +442,15 @@ fn run(cmd: Command) -> Result<()> {
         }),
         Command::Bench(args) => bench::run_bench(args),
         Command::Latency(args) => bench::run_latency(args),
+    }
+}
+
+/// Writes `text` to standard output. A reader that went away (`tether status | head -1`)
+/// is not an error: what it wanted, it got.
+pub fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
     }
 }

@@ -571,8 +571,8 @@ fn names_in_a_directory_the_guest_made_are_known_without_asking() {
 }
 
 /// A cold walk by known paths: after two LOOKUPs in a directory the client lists it once
-/// and answers the next LOOKUPs from the listing (prefetch.rs); a host change made after
-/// the listing still shows.
+/// through the mount, and the kernel finds the next names in its dentry cache
+/// (prefetch.rs); a host change made after the listing still shows.
 #[test]
 fn a_cold_walk_by_path_is_answered_from_one_listing() {
     require_mount!();

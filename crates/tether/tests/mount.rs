@@ -41,6 +41,26 @@ fn host_files_show_through_and_guest_writes_land_on_host() {
     });
 }
 
+/// `tether status MNT | head -1`: the reader leaves early, and that is no error (the
+/// standard library's print! panicked on the broken pipe).
+#[test]
+fn status_into_a_pipe_closed_early_is_not_an_error() {
+    require_mount!();
+    let t = TestMount::start();
+    let mut child = Command::new(TETHER)
+        .arg("status")
+        .arg(&t.mnt)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // closed before anything is written
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn open_file_survives_unlink_and_rename_on_the_host() {
     require_mount!();

@@ -82,13 +82,6 @@ fn settime(t: SetTime) -> libc::timespec {
     }
 }
 
-/// Size of one entry in the kernel's readdir buffer: a fuse_dirent (24 bytes) or a
-/// fuse_direntplus (128 + 24 bytes), plus the name, padded to 8 bytes.
-pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
-    let base = if plus { 152 } else { 24 };
-    (base + name_len).next_multiple_of(8)
-}
-
 impl ExportFs {
     /// A session's view of the export; with `watch`, changes to what the client holds are
     /// reported by [`ExportFs::changes`], with the host events behind them if `host_events`.
@@ -1106,7 +1099,7 @@ impl ExportFs {
         let mut entries = Vec::new();
         let mut failure = None;
         sys::read_dir(dir.as_fd(), offset, |raw| {
-            let need = fuse_dirent_size(raw.name.len(), plus);
+            let need = tether_proto::fuse_dirent_size(raw.name.len(), plus);
             if need > budget {
                 return false;
             }

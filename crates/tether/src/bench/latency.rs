@@ -518,7 +518,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         ),
         kinds,
     };
-    print!("{}", table(&report));
+    crate::print_out(&table(&report))?;
     if let Some(p) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         fs::write(p, json + "\n").with_context(|| format!("cannot write {}", p.display()))?;

@@ -142,7 +142,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         workloads,
         failures,
     };
-    print!("{}", report::table(&report));
+    crate::print_out(&report::table(&report))?;
     if let Some(p) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(p, json + "\n").with_context(|| format!("cannot write {}", p.display()))?;
