@@ -61,7 +61,7 @@ pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
 pub struct Counters {
     pub pushes: AtomicU64,
     pub invalidations: AtomicU64,
-    /// Entries kept from listings, to answer LOOKUPs (prefetch.rs).
+    /// Entries the client listed through the mount ahead of a walk's LOOKUPs (prefetch.rs).
     pub listed: AtomicU64,
     /// Runs of partly written pages dropped (partial_pages.rs).
     pub partial_pages_dropped: AtomicU64,
@@ -101,8 +101,6 @@ pub struct Coherence {
     /// made in them through this mount since: while nothing in one has been invalidated, a
     /// name not among them does not exist, and its LOOKUP needs no round trip.
     new_dirs: DashMap<NodeId, (u64, HashSet<Bytes>)>,
-    /// The newest invalidation of a node forgotten since (its `invalidated` entry is gone).
-    forgotten_invalidation: AtomicU64,
 }
 
 /// Past this many names a new directory is no longer tracked (the memory is not worth it:
@@ -147,7 +145,6 @@ impl Coherence {
             alls_applied: AtomicU64::new(0),
             created: DashMap::new(),
             new_dirs: DashMap::new(),
-            forgotten_invalidation: AtomicU64::new(0),
         })
     }
 
@@ -176,12 +173,6 @@ impl Coherence {
             .get(&node)
             .map(|s| *s <= sent)
             .unwrap_or(true)
-    }
-
-    /// Like [`Coherence::fresh`], also for a node the kernel may have forgotten since
-    /// `sent`: what `fresh` knew of its invalidations went with it.
-    pub fn fresh_even_if_forgotten(&self, node: NodeId, sent: u64) -> bool {
-        self.forgotten_invalidation.load(Ordering::Acquire) <= sent && self.fresh(node, sent)
     }
 
     /// May the kernel keep what a reply (to a request sent at `sent`) says about `node`
@@ -319,9 +310,7 @@ impl Coherence {
         if node != ROOT_NODE {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
-            if let Some((_, seq)) = self.invalidated.remove(&node) {
-                self.forgotten_invalidation.fetch_max(seq, Ordering::AcqRel);
-            }
+            self.invalidated.remove(&node);
             self.created.remove(&node);
             self.new_dirs.remove(&node);
         }

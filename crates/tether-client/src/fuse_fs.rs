@@ -74,7 +74,8 @@ pub struct TetherFs {
     locks: Option<Locks>,
     /// Directories' attributes from CREATE replies (dir_attrs.rs).
     dir_attrs: Arc<DirAttrs>,
-    /// Directory listings answering LOOKUPs of a cold walk (prefetch.rs).
+    /// Lists a cold walk's directories through the mount, into the kernel's dentry cache
+    /// (prefetch.rs).
     prefetch: Arc<Prefetch>,
     /// How much of a listing a READDIRPLUS asks the server for. fuser does not tell us the
     /// kernel's buffer size, which is the caller's getdents size (glibc's readdir: 32 KiB)
@@ -753,8 +754,7 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
-        let parent = self.known.parent_of(ino.0);
-        if self.known.forgotten(ino.0, nlookup) {
+        if let Some(parent) = self.known.forgotten(ino.0, nlookup) {
             self.prefetch.forgotten(ino.0, parent);
             self.co.forget_file(ino.0);
             self.pages.forget(ino.0);

@@ -38,10 +38,11 @@ const MISS_WINDOW: Duration = Duration::from_millis(500);
 const LISTED_FOR: Duration = Duration::from_secs(2);
 /// Entries listed per directory at most: a lookup in a huge directory must not fetch it all.
 const LISTED_AT_MOST: usize = 4096;
-/// Directories waiting for the lister; beyond this a walk's later directories are skipped.
+/// Directories waiting for the lister; one that finds the queue full is tried again at its
+/// next misses.
 const QUEUED_AT_MOST: usize = 256;
 
-#[derive(Clone, Copy)]
+/// Per directory the kernel holds and looked up in (removed when it forgets it).
 struct DirState {
     window_start: Instant,
     misses: u32,
@@ -119,16 +120,8 @@ impl Prefetch {
                 }
             }
         }
-        if self.dirs.len() > 4 * LISTED_AT_MOST {
-            self.dirs.retain(|_, d| {
-                d.listed_until.is_some_and(|t| now < t)
-                    || now.duration_since(d.window_start) < MISS_WINDOW
-            });
-        }
     }
-}
 
-impl Prefetch {
     /// The kernel forgot `node`, last seen in `parent`: what it listed there may be gone
     /// from its cache (memory pressure, drop_caches), so `parent` may be listed again.
     pub fn forgotten(&self, node: NodeId, parent: Option<NodeId>) {

@@ -63,11 +63,6 @@ impl Known {
         self.places.get(&node).map(|p| (p.parent, p.name.clone()))
     }
 
-    /// The directory `node` was last seen in.
-    pub fn parent_of(&self, node: NodeId) -> Option<NodeId> {
-        self.places.get(&node).map(|p| p.parent)
-    }
-
     /// The path of `node` below the mount's root, from where each node on the way was
     /// last seen (None if one is unknown). Only as good as those places: a rename in
     /// progress may lead elsewhere.
@@ -136,17 +131,21 @@ impl Known {
         }
     }
 
-    /// The kernel dropped `lookups` of its lookups of `node`; true if it holds none now.
-    pub fn forgotten(&self, node: NodeId, lookups: u64) -> bool {
+    /// The kernel dropped `lookups` of its lookups of `node`. If it holds none now: `Some`,
+    /// with the directory `node` was last seen in, if known.
+    pub fn forgotten(&self, node: NodeId, lookups: u64) -> Option<Option<NodeId>> {
         let gone = self.places.remove_if_mut(&node, |_, p| {
             p.lookups = p.lookups.saturating_sub(lookups);
             p.lookups == 0
         });
-        if let Some((_, p)) = &gone {
-            self.by_name
-                .remove_if(&name_key(p.parent, &p.name), |_, n| *n == node);
+        match gone {
+            Some((_, p)) => {
+                self.by_name
+                    .remove_if(&name_key(p.parent, &p.name), |_, n| *n == node);
+                Some(Some(p.parent))
+            }
+            None => (!self.places.contains_key(&node)).then_some(None),
         }
-        gone.is_some() || !self.places.contains_key(&node)
     }
 
     pub fn opened(&self, fh: HandleId, h: OpenHandle) {

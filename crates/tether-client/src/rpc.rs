@@ -130,18 +130,6 @@ pub struct LinkStats {
     sent: [AtomicU64; 64],
 }
 
-thread_local! {
-    /// Set on each connection's reader thread: the generation of that connection.
-    static READER_GENERATION: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-}
-
-/// In a reply callback: the generation of the connection the reply came on (None on any
-/// other thread). Lock-free: the reader must never wait for a sender, or a full socket
-/// both ways deadlocks the connection.
-pub fn reply_generation() -> Option<u64> {
-    READER_GENERATION.with(|g| g.get())
-}
-
 impl Default for LinkStats {
     fn default() -> Self {
         LinkStats {
@@ -178,10 +166,6 @@ pub struct Connection {
     closer: Mutex<Closer>,
     pending: DashMap<u64, Pending>,
     next_id: AtomicU64,
-    /// Counts changes to the export made through this connection: up once when a
-    /// changing request is made, and once more when it is answered or fails. Equal counts
-    /// at two moments mean that nothing was changed through it between them, or in flight.
-    changes: Arc<AtomicU64>,
     generations: AtomicU64,
     /// When the last frame arrived (ms since `epoch`), to tell a silent server.
     last_received: AtomicU64,
@@ -413,7 +397,6 @@ impl Connection {
             closer: Mutex::new(session.closer),
             pending: DashMap::new(),
             next_id: AtomicU64::new(1),
-            changes: Arc::default(),
             generations: AtomicU64::new(1),
             last_received: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -466,7 +449,6 @@ impl Connection {
     }
 
     fn read_replies(self: Arc<Self>, mut reader: Box<dyn io::Read + Send>, generation: u64) {
-        READER_GENERATION.with(|g| g.set(Some(generation)));
         let mut goodbye = false;
         let why = loop {
             let frame = read_frame(&mut *reader, MAX_FRAME_LEN);
@@ -762,24 +744,6 @@ impl Connection {
         matches!(*self.link.lock().unwrap(), Link::Closed)
     }
 
-    /// The generation of the connection requests go out on, while it is up and whole
-    /// (not while a lost one is being replaced or restored). Takes the link's lock, which a
-    /// sender may hold while the socket is full; on a reader thread (in a reply callback)
-    /// it answers [`reply_generation`] instead.
-    pub fn generation_up(&self) -> Option<u64> {
-        if let Some(g) = reply_generation() {
-            return Some(g); // a reader thread must not wait for the lock, even by mistake
-        }
-        match &*self.link.lock().unwrap() {
-            Link::Up {
-                generation,
-                broken: false,
-                ..
-            } => Some(*generation),
-            _ => None,
-        }
-    }
-
     /// "up", "reconnecting (N s)" or "closed", for `tether status`.
     pub fn state(&self) -> String {
         match &*self.link.lock().unwrap() {
@@ -815,16 +779,6 @@ impl Connection {
     }
 
     fn send(&self, caller: Caller, req: &Request, done: Callback, restoring: bool) {
-        let done: Callback = if req.op().mutates() {
-            let changes = self.changes.clone();
-            changes.fetch_add(1, Ordering::AcqRel);
-            Box::new(move |r| {
-                changes.fetch_add(1, Ordering::AcqRel);
-                done(r)
-            })
-        } else {
-            done
-        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut pending = Pending {
             op: req.op() as u16,
@@ -875,11 +829,6 @@ impl Connection {
                 self.fail(vec![p]);
             }
         }
-    }
-
-    /// See `changes` in [`Connection`].
-    pub fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Acquire)
     }
 
     /// Sends a request that has no reply (forget). Dropped while the server is away (the

@@ -330,6 +330,17 @@ fn fstat_dev(fd: BorrowedFd<'_>) -> Option<u64> {
 /// statfs's f_type of a FUSE mount.
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
+/// Whether `fd` is on a FUSE file system.
+fn is_fuse(fd: BorrowedFd<'_>) -> bool {
+    let mut sfs = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a valid descriptor and a statfs buffer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), sfs.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded.
+    unsafe { sfs.assume_init() }.f_type == FUSE_SUPER_MAGIC
+}
+
 impl MountDir {
     pub fn new(path: PathBuf) -> MountDir {
         MountDir {
@@ -343,28 +354,7 @@ impl MountDir {
     /// ones), or returns None if the mount is paused, gone, or not (yet) there: the path
     /// must lead to a FUSE file system, never to the directory beneath it.
     pub fn with<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        let state = self.state.lock().unwrap();
-        if *state != DirState::Open {
-            return None;
-        }
-        let dir = std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(&self.path)
-            .ok()?;
-        let mut sfs = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-        // SAFETY: a valid descriptor and a statfs buffer.
-        if unsafe { libc::fstatfs(dir.as_raw_fd(), sfs.as_mut_ptr()) } != 0 {
-            return None;
-        }
-        // SAFETY: fstatfs succeeded.
-        if unsafe { sfs.assume_init() }.f_type != FUSE_SUPER_MAGIC {
-            return None;
-        }
-        let r = f(dir.as_fd());
-        drop(dir);
-        drop(state);
-        Some(r)
+        self.with_root(libc::O_DIRECTORY, is_fuse, f)
     }
 
     /// Like [`MountDir::with`], with an `O_PATH` descriptor (usable as `openat`'s base),
@@ -379,16 +369,28 @@ impl MountDir {
                 *self.dev.get_or_init(|| dev)
             }
         };
+        let same_dev = |fd: BorrowedFd<'_>| fstat_dev(fd) == Some(dev);
+        self.with_root(libc::O_PATH | libc::O_DIRECTORY, same_dev, f)
+    }
+
+    /// Opens the root with `flags` while the mount is open and holds the state's lock
+    /// (so that [`MountDir::pause`] waits), checks it with `is_mount`, runs `f` on it.
+    fn with_root<T>(
+        &self,
+        flags: i32,
+        is_mount: impl FnOnce(BorrowedFd<'_>) -> bool,
+        f: impl FnOnce(BorrowedFd<'_>) -> T,
+    ) -> Option<T> {
         let state = self.state.lock().unwrap();
         if *state != DirState::Open {
             return None;
         }
         let dir = std::fs::File::options()
             .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .custom_flags(flags | libc::O_CLOEXEC)
             .open(&self.path)
             .ok()?;
-        if fstat_dev(dir.as_fd())? != dev {
+        if !is_mount(dir.as_fd()) {
             return None;
         }
         let r = f(dir.as_fd());

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 use common::{status, Mount, TestMount};
 
+/// The POSIX suite's thin syscall wrappers (xattrs here).
+#[allow(dead_code)]
+#[path = "posix/sys.rs"]
+mod sys;
+
 /// Far longer than any deadline below: without invalidation nothing would change in time.
 const NO_TIMEOUT: &[&str] = &["--attr-timeout", "3600"];
 const DEADLINE: Duration = Duration::from_secs(1);
@@ -375,41 +380,13 @@ fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
 
 /// `security.capability` of `p`, or the errno.
 fn capability(p: &Path) -> Result<Vec<u8>, i32> {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let mut buf = vec![0u8; 256];
-    // SAFETY: valid C strings and a writable buffer of the length given.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            c"security.capability".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
-    }
-    buf.truncate(n as usize);
-    Ok(buf)
+    sys::getxattr(p, "security.capability", 256)
+        .map(|(_, value)| value)
+        .map_err(|e| e.0)
 }
 
-fn set_capability(p: &Path, value: &[u8]) -> std::io::Result<()> {
-    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: valid C strings and a readable buffer of the length given.
-    let r = unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            c"security.capability".as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+fn set_capability(p: &Path, value: &[u8]) -> Result<(), sys::Errno> {
+    sys::setxattr(p, "security.capability", value, 0)
 }
 
 /// The client answers "no capability" itself for a file it created (the kernel asks before

@@ -723,12 +723,11 @@ impl ExportFs {
                 };
                 // After the creation: the kernel drops the directory's attributes and asks
                 // for them again before its next lookup in it.
-                let dir = match self.dir_attr {
-                    true => {
-                        (sys::fstat(pfd.as_fd()).ok()).map(|st| Box::new(self.attr_of(&st, parent)))
-                    }
-                    false => None,
-                };
+                let dir = self
+                    .dir_attr
+                    .then(|| sys::fstat(pfd.as_fd()).ok())
+                    .flatten()
+                    .map(|st| Box::new(self.attr_of(&st, parent)));
                 Ok(Reply::Create {
                     entry,
                     fh,
