@@ -358,11 +358,11 @@ impl Coherence {
         }
     }
 
-    /// A new connection replaced a lost one: whatever changed meanwhile was never pushed,
+    /// The connection was lost or replaced: whatever changed meanwhile was never pushed,
     /// so every cache goes, and no reply to a request sent before now is cached. Waits (at
     /// most `wait`) until the kernel has dropped them: a request waiting for the connection
     /// may hold a page the invalidation needs, so it cannot wait for good.
-    pub fn reconnected(&self, wait: Duration) {
+    pub fn distrust_all(&self, wait: Duration) {
         let seq = self.next_seq.fetch_add(1, Ordering::AcqRel) + 1;
         self.invalidate_all(seq);
         self.last_push.fetch_max(seq, Ordering::AcqRel);

@@ -335,6 +335,12 @@ impl Restore {
 }
 
 impl Restorer for Restore {
+    fn lost(&self) {
+        // Host changes made from now on are not pushed: caches served while the server
+        // is away could be stale for good, so accesses wait for the server instead.
+        self.co.distrust_all(Duration::from_millis(100));
+    }
+
     fn snapshot(&self) {
         *self.snapshot.lock().unwrap() = Snapshot {
             nodes: (self.known.places.iter())
@@ -348,8 +354,9 @@ impl Restorer for Restore {
     }
 
     fn restore(&self, conn: &Connection) -> Result<(), WireErrno> {
-        // Changes made while the connection was down were never pushed.
-        self.co.reconnected(Duration::from_millis(100));
+        // Changes made while the connection was down were never pushed, and the kernel
+        // may have cached replies that raced the loss.
+        self.co.distrust_all(Duration::from_millis(100));
         let lost_nodes = self.nodes(conn)?;
         let lost_handles = self.handles(conn)?;
         let (locks, lost_locks) = self.locks(conn)?;

@@ -58,6 +58,9 @@ pub struct Redial {
 
 /// Re-creates, on a new connection, the server-side state that requests refer to.
 pub trait Restorer: Send + Sync {
+    /// The connection went away and a new one will be dialed. Runs on the thread that
+    /// noticed the loss, holding no lock, before the connection's state says it is down.
+    fn lost(&self);
     /// Takes note of the state to restore. Runs while nothing reaches any server, so that
     /// one-way requests (FORGET) are either reflected in it or sent after the restore.
     fn snapshot(&self);
@@ -493,6 +496,12 @@ impl Connection {
     /// Handles the loss of connection `generation`: requests that may go to the next
     /// connection wait for it, the others fail.
     fn lost(self: &Arc<Self>, generation: u64, goodbye: bool, why: &str) {
+        // Before the link says so, so that whoever sees it down knows the caches went.
+        if self.redial.is_some() && self.link.lock().unwrap().generation() == Some(generation) {
+            if let Some(r) = self.restorer.get() {
+                r.lost();
+            }
+        }
         let mut failed = Vec::new();
         let reconnect;
         {
