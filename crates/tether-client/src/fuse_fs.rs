@@ -828,6 +828,10 @@ impl Filesystem for TetherFs {
         let msg = if self.restating(req) {
             // Replayed truncate or chmod, or a fix of the kernel's size or mtime: the host
             // is already as it should be.
+            if !(self.co.fixer()).is_none_or(|f| f.still_as_decided(req.pid())) {
+                reply.error(Errno::EAGAIN);
+                return;
+            }
             Request::Getattr { node: ino.0, fh: 0 }
         } else {
             Request::Setattr {

@@ -103,6 +103,17 @@ fn answer(
         ),
         None => "off".into(),
     };
+    let writeback = match co.fixer() {
+        Some(f) => format!(
+            "writeback cache: on: {} files' size or mtime made the host's, {} fixes overtaken \
+             by guest writes and tried again, {} busy, {} failed\n",
+            f.counters.fixed.load(Ordering::Relaxed),
+            f.counters.overtaken.load(Ordering::Relaxed),
+            f.counters.busy.load(Ordering::Relaxed),
+            f.counters.failed.load(Ordering::Relaxed),
+        ),
+        None => String::new(),
+    };
     let ownership = match conn.hello.id_mapping {
         IdMapping::Squash => "squash (every file appears to be the mount owner's)",
         IdMapping::Passthrough => "passthrough (host ids as they are)",
@@ -119,7 +130,7 @@ fn answer(
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
-         partly written page runs dropped: {}\n",
+         partly written page runs dropped: {}\n{writeback}",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"

@@ -37,12 +37,25 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tether_proto::{Attr, Caller, NodeId, Reply, Request};
+use tether_proto::{Caller, NodeId, Reply, Request};
 
 use crate::rpc::Connection;
 
 /// fuse_encode_fh's type for a handle without the parent: node id (two u32) and generation.
 const FUSE_FILEID_INO64_GEN: i32 = 0x81;
+
+/// How long a fix waits before trying again after a guest write overtook it.
+const RETRY_AFTER: Duration = Duration::from_millis(10);
+
+/// The kernel's size and mtime a fix step was decided on, and the descriptor to check them
+/// through. The kernel holds the inode lock while it sends the step's SETATTR, so the
+/// handler's check cannot race a guest write.
+#[derive(Clone, Copy)]
+struct Expected {
+    fd: i32,
+    size: u64,
+    mtime: (i64, u32),
+}
 
 #[derive(Default)]
 pub struct FixCounters {
@@ -50,6 +63,8 @@ pub struct FixCounters {
     pub fixed: AtomicU64,
     /// Running executables, which cannot be opened for writing (ETXTBSY).
     pub busy: AtomicU64,
+    /// Fixes tried again because a guest write came in while they ran.
+    pub overtaken: AtomicU64,
     pub failed: AtomicU64,
 }
 
@@ -59,9 +74,10 @@ pub struct AttrFixer {
     dir: Arc<MountDir>,
     /// Threads that fix (bound with `bind_to_current_thread`).
     tids: DashMap<i32, ()>,
-    /// Threads inside a fix's truncate or utimens: their SETATTRs only re-state the host's
-    /// attributes. (Their other SETATTRs, the kernel writing back a dirty mtime, are real.)
-    restating: DashMap<i32, ()>,
+    /// Threads inside a fix's truncate or utimens, with the kernel state the fix was decided
+    /// on: their SETATTRs only re-state the host's attributes. (Their other SETATTRs, the
+    /// kernel writing back a dirty mtime, are real.)
+    restating: DashMap<i32, Expected>,
     /// Regular files the kernel was given, with the generation it knows them by.
     files: DashMap<NodeId, u32>,
     /// Nodes waiting for the fixing thread, each once.
@@ -96,16 +112,25 @@ impl AttrFixer {
             .name("tether-fix".into())
             .spawn(move || {
                 me.bind_to_current_thread();
+                let mut retry = Vec::new();
                 loop {
                     let nodes = {
                         let mut q = me.queued.lock().unwrap();
+                        if !retry.is_empty() {
+                            q = me.wake.wait_timeout(q, RETRY_AFTER).unwrap().0;
+                            for n in retry.drain(..) {
+                                if q.1.insert(n) {
+                                    q.0.push(n);
+                                }
+                            }
+                        }
                         while q.0.is_empty() {
                             q = me.wake.wait(q).unwrap();
                         }
                         q.1.clear();
                         std::mem::take(&mut q.0)
                     };
-                    nodes.into_iter().for_each(|n| me.fix(n));
+                    retry = nodes.into_iter().filter(|&n| !me.fix(n)).collect();
                 }
             });
         if let Err(e) = spawned {
@@ -140,6 +165,21 @@ impl AttrFixer {
         !self.restating.is_empty() && self.restating.contains_key(&(pid as i32))
     }
 
+    /// For a SETATTR of a fix step (`is_restating`): whether the kernel's size and mtime are
+    /// still those the step was decided on. A guest write that came in since (it extended
+    /// the file, or dirtied it) would be undone by the step, which must then fail (EAGAIN)
+    /// and be tried again. Runs on a FUSE handler while the fixing thread's truncate or
+    /// utimens holds the inode lock.
+    pub fn still_as_decided(&self, pid: u32) -> bool {
+        let Some(e) = self.restating.get(&(pid as i32)).map(|e| *e) else {
+            return true;
+        };
+        // SAFETY: the fixing thread keeps `fd` open until its step returns, which is after
+        // this reply.
+        let fd = unsafe { BorrowedFd::borrow_raw(e.fd) };
+        kernel_size_and_mtime(fd).is_ok_and(|now| now == (e.size, e.mtime))
+    }
+
     /// The kernel was given `node` with `generation` and these attributes.
     pub fn entry_given(&self, node: NodeId, generation: u64, mode: u32) {
         if mode & libc::S_IFMT == libc::S_IFREG {
@@ -153,16 +193,21 @@ impl AttrFixer {
     }
 
     /// Makes the kernel's size and mtime of `node` the host's, if the kernel holds it as a
-    /// regular file. Runs on the fixing thread, never on a FUSE handler's.
-    fn fix(&self, node: NodeId) {
+    /// regular file. Runs on the fixing thread, never on a FUSE handler's. False when a guest
+    /// write overtook the fix, which must be tried again.
+    fn fix(&self, node: NodeId) -> bool {
         let Some(generation) = self.files.get(&node).map(|g| *g) else {
-            return;
+            return true;
         };
         match self.apply(node, generation) {
-            Ok(true) => {
+            Ok(Some(true)) => {
                 self.counters.fixed.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(false) => {}
+            Ok(Some(false)) => {}
+            Ok(None) => {
+                self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
             // The kernel no longer holds the inode: the next lookup reads fresh attributes.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {}
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
@@ -173,22 +218,29 @@ impl AttrFixer {
                 tracing::warn!("could not bring node {node}'s size and mtime up to date: {e}");
             }
         }
+        true
     }
 
-    /// True if something had to change. The whole fix runs inside `MountDir::with`, so an
-    /// unmount waits for the file to be closed (it failed with EBUSY when a fix ran then).
-    fn apply(&self, node: NodeId, generation: u32) -> io::Result<bool> {
+    /// Some(true) if something had to change, None if a guest write overtook the fix. The
+    /// whole fix runs inside `MountDir::with`, so an unmount waits for the file to be closed
+    /// (it failed with EBUSY when a fix ran then).
+    fn apply(&self, node: NodeId, generation: u32) -> io::Result<Option<bool>> {
         self.dir
             .with(|root| self.apply_on(root, node, generation))
             .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))
     }
 
-    fn apply_on(&self, root: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<bool> {
+    fn apply_on(
+        &self,
+        root: BorrowedFd<'_>,
+        node: NodeId,
+        generation: u32,
+    ) -> io::Result<Option<bool>> {
         let file = open_by_node(root, node, generation)?;
+        let before = kernel_size_and_mtime(file.as_fd())?;
         // The guest's own unwritten data and mtime go to the server first (the client
         // answers this FSYNC itself: no disk flush on the host), so that the host's
-        // attributes include them and a write the guest made after the host's change is
-        // not cut off by the truncation below.
+        // attributes include them.
         // SAFETY: a descriptor we own.
         check(unsafe { libc::fsync(file.as_raw_fd()) })?;
         let me = Caller {
@@ -198,47 +250,69 @@ impl AttrFixer {
         };
         let host = match self.conn.call_wait(me, &Request::Getattr { node, fh: 0 }) {
             Ok(Reply::Attr(a)) if a.mode & libc::S_IFMT == libc::S_IFREG => a,
-            _ => return Ok(false), // gone, or no longer a file: its name invalidation follows
+            _ => return Ok(Some(false)), // gone, or no longer a file: its name invalidation follows
         };
-        let (size, mtime) = kernel_size_and_mtime(&file)?;
-        if size > host.size && kernel_size_and_mtime(&file)?.0 != size {
-            // The guest is writing this file now: a truncation to the host's size could cut
-            // data it has not written back yet. Its write-back brings the host up to date.
-            return Ok(false);
+        // A guest write since `before` may not be in `host`: the steps below would undo it.
+        // Each step checks again under the inode lock (`still_as_decided`).
+        let (size, mtime) = kernel_size_and_mtime(file.as_fd())?;
+        if (size, mtime) != before {
+            return Ok(None);
         }
-        self.restating.insert(tid(), ());
-        let r = restate(&file, size, mtime, &host);
-        self.restating.remove(&tid());
-        r
+        let host_mtime = (host.mtime.sec, host.mtime.nsec);
+        if size == host.size && mtime == host_mtime {
+            return Ok(Some(false));
+        }
+        if size != host.size {
+            // The handler answers with the host's attributes, whose size the kernel takes.
+            let truncated = self.step(&file, (size, mtime), || {
+                // SAFETY: a descriptor we own.
+                unsafe { libc::ftruncate(file.as_raw_fd(), host.size as libc::off_t) }
+            });
+            if !truncated? {
+                return Ok(None);
+            }
+        }
+        // After the truncation too, which set the kernel's mtime to now.
+        let now = kernel_size_and_mtime(file.as_fd())?;
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: host.mtime.sec as libc::time_t,
+                tv_nsec: host.mtime.nsec as libc::c_long,
+            },
+        ];
+        let timed = self.step(&file, now, || {
+            // SAFETY: a descriptor we own and two valid timespecs.
+            unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) }
+        });
+        Ok(timed?.then_some(true))
     }
-}
 
-/// Truncates `file` to the host's size and sets the host's mtime, where the kernel's
-/// (`size`, `mtime`) differ; the handlers answer with the host's attributes.
-fn restate(file: &OwnedFd, size: u64, mtime: (i64, u32), host: &Attr) -> io::Result<bool> {
-    let host_mtime = (host.mtime.sec, host.mtime.nsec);
-    if size == host.size && mtime == host_mtime {
-        return Ok(false);
+    /// Runs one fix step (a truncate or utimens of `file`) whose SETATTR the handlers
+    /// answer with the host's attributes, if the kernel's size and mtime are still
+    /// `decided_on` when it arrives. False if they were not (EAGAIN).
+    fn step(
+        &self,
+        file: &OwnedFd,
+        decided_on: (u64, (i64, u32)),
+        call: impl FnOnce() -> libc::c_int,
+    ) -> io::Result<bool> {
+        let expected = Expected {
+            fd: file.as_raw_fd(),
+            size: decided_on.0,
+            mtime: decided_on.1,
+        };
+        self.restating.insert(tid(), expected);
+        let r = check(call());
+        self.restating.remove(&tid());
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
+            r => r.map(|()| true),
+        }
     }
-    if size != host.size {
-        // The handler answers with the host's attributes, whose size the kernel takes.
-        // SAFETY: a descriptor we own.
-        check(unsafe { libc::ftruncate(file.as_raw_fd(), host.size as libc::off_t) })?;
-    }
-    // After the truncation too, which set the kernel's mtime to now.
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: host.mtime.sec as libc::time_t,
-            tv_nsec: host.mtime.nsec as libc::c_long,
-        },
-    ];
-    // SAFETY: a descriptor we own and two valid timespecs.
-    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
-    Ok(true)
 }
 
 fn check(r: libc::c_int) -> io::Result<()> {
@@ -282,7 +356,7 @@ fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::
 }
 
 /// The size and mtime the kernel holds, without asking the server.
-fn kernel_size_and_mtime(file: &OwnedFd) -> io::Result<(u64, (i64, u32))> {
+fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<(u64, (i64, u32))> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: valid descriptor, empty C string, and a statx buffer.
     check(unsafe {

@@ -162,13 +162,18 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// Starts `tether mount ADDRESS MNT EXTRA...` and waits until the mount is up.
+    /// Starts `tether mount ADDRESS MNT EXTRA...` and waits until the mount is up. The
+    /// environment's TETHER_TEST_MOUNT_ARGS (split at spaces) are added, except those
+    /// already in EXTRA: the whole suite can run in another mount mode.
     pub fn start(address: &str, mnt: &Path, extra: &[&str]) -> Mount {
+        let more = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
+        let more = more.split_whitespace().filter(|a| !extra.contains(a));
         let mut child = Command::new(TETHER)
             .arg("mount")
             .arg(address)
             .arg(mnt)
             .args(extra)
+            .args(more)
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
