@@ -598,6 +598,83 @@ fn a_cold_walk_by_path_is_answered_from_one_listing() {
     assert_eq!(fs::read(t.mnt.join("d/f199")).unwrap(), vec![b'x'; 199]);
 }
 
+/// Drops `path`'s pages from the host's page cache.
+fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: a valid descriptor; the advice only drops clean cached pages.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
+/// Whether every page of `path` (not empty) is in the host's page cache.
+fn resident(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a shared read-only mapping of an open file, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let mut pages = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: the mapping is `len` bytes long and `pages` has a byte per page of it.
+    let r = unsafe { libc::mincore(map, len, pages.as_mut_ptr()) };
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(map, len) };
+    assert_eq!(r, 0);
+    pages.iter().all(|p| p & 1 == 1)
+}
+
+/// A cold read walk: once the guest reads the start of a second file of a directory, the
+/// server has the host read the directory's other files ahead into its page cache
+/// (export/readahead.rs), so the next READs do not wait for the disk one after the other.
+/// Looking names up reads nothing ahead.
+#[test]
+fn reading_a_second_file_of_a_directory_reads_the_others_ahead_on_the_host() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    for dir in ["read", "stat"] {
+        fs::create_dir(t.export.join(dir)).unwrap();
+        for i in 0..20 {
+            fs::write(t.export.join(format!("{dir}/f{i}")), vec![b'x'; 8192]).unwrap();
+        }
+    }
+    for dir in ["read", "stat"] {
+        for i in 0..20 {
+            evict(&t.export.join(format!("{dir}/f{i}")));
+        }
+    }
+    if resident(&t.export.join("read/f19")) {
+        eprintln!(
+            "skipped: the host keeps this file system's pages (tmpfs?), nothing to read ahead"
+        );
+        return;
+    }
+    for i in 0..2 {
+        fs::symlink_metadata(t.mnt.join(format!("stat/f{i}"))).unwrap();
+        assert_eq!(
+            fs::read(t.mnt.join(format!("read/f{i}"))).unwrap().len(),
+            8192
+        );
+    }
+    settled("the read-ahead", || {
+        (2..20).all(|i| resident(&t.export.join(format!("read/f{i}"))))
+    });
+    assert!(
+        (0..20).all(|i| !resident(&t.export.join(format!("stat/f{i}")))),
+        "files only looked up were read"
+    );
+}
+
 /// A file changed through the mount after its directory was listed: its listed
 /// attributes must not come back (here it grows through a hard link in another directory,
 /// so the kernel never looked up its name in the listed one).

@@ -8,6 +8,7 @@ pub mod ids;
 mod locks;
 mod nodes;
 mod ops;
+mod readahead;
 pub mod sys;
 pub mod watch;
 

@@ -68,6 +68,11 @@ impl Node {
         self.kind == libc::S_IFLNK
     }
 
+    /// The directory the node was last seen in.
+    pub fn parent(&self) -> Option<NodeId> {
+        (self.location.lock().unwrap().as_ref()).map(|l| l.parent)
+    }
+
     /// Whether the name the node was last seen under ends with `suffix`.
     pub fn name_ends_with(&self, suffix: &[u8]) -> bool {
         (self.location.lock().unwrap().as_ref())

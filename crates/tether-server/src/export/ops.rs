@@ -15,6 +15,7 @@ use tether_proto::{
 use super::ids::SessionIds;
 use super::locks::LockTable;
 use super::nodes::{Node, NodeTable};
+use super::readahead::ReadAhead;
 use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
 use super::Export;
@@ -45,6 +46,8 @@ pub struct ExportFs {
     pub ids: SessionIds,
     /// The host descriptions that carry this session's guest locks (locks.rs).
     pub(super) locks: LockTable,
+    /// Host read-ahead of directories the guest reads through (readahead.rs).
+    readahead: Option<ReadAhead>,
 }
 
 /// Checks a single path component from the guest.
@@ -124,6 +127,9 @@ impl ExportFs {
             create_no_handle: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
+            readahead: ReadAhead::start()
+                .inspect_err(|e| tracing::warn!("no read-ahead thread: {e}"))
+                .ok(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -455,7 +461,24 @@ impl ExportFs {
     ) -> SysResult<usize> {
         let h = self.file_for(node, fh, libc::O_RDONLY)?;
         let Handle::File(f) = &*h else { unreachable!() };
+        if offset == 0 {
+            self.started_reading(node);
+        }
         sys::pread(f.as_fd(), buf, offset)
+    }
+
+    /// The guest reads `node` from its start (its page cache had none of it): perhaps the
+    /// next file of a cold walk through its directory (readahead.rs).
+    fn started_reading(&self, node: NodeId) {
+        let Some(ra) = &self.readahead else { return };
+        let Some(dir) = self.nodes.get(node).ok().and_then(|n| n.parent()) else {
+            return;
+        };
+        if ra.started_reading(dir, node) {
+            if let Ok(stream) = self.dir_stream(dir) {
+                ra.queue(stream);
+            }
+        }
     }
 
     fn readlink(&self, node: NodeId) -> SysResult<Vec<u8>> {
