@@ -828,7 +828,11 @@ impl Filesystem for TetherFs {
         let msg = if self.restating(req) {
             // Replayed truncate or chmod, or a fix of the kernel's size or mtime: the host
             // is already as it should be.
-            if !(self.co.fixer()).is_none_or(|f| f.still_as_decided(req.pid())) {
+            if self
+                .co
+                .fixer()
+                .is_some_and(|f| !f.still_as_decided(req.pid()))
+            {
                 reply.error(Errno::EAGAIN);
                 return;
             }

@@ -380,11 +380,9 @@ impl Connection {
                 | features::DIR_ATTR
                 | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
-                    (Some(_), false) => features::PUSH_INVALIDATE | features::CREATE_NO_HANDLE,
-                    (Some(_), true) => {
-                        features::PUSH_INVALIDATE
-                            | features::HOST_EVENTS
-                            | features::CREATE_NO_HANDLE
+                    (Some(_), events) => {
+                        let events = if events { features::HOST_EVENTS } else { 0 };
+                        features::PUSH_INVALIDATE | features::CREATE_NO_HANDLE | events
                     }
                 },
             secret: opts.secret,

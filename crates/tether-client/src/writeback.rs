@@ -47,14 +47,27 @@ const FUSE_FILEID_INO64_GEN: i32 = 0x81;
 /// How long a fix waits before trying again after a guest write overtook it.
 const RETRY_AFTER: Duration = Duration::from_millis(10);
 
+/// The size and mtime the kernel holds for a file.
+type KernelAttrs = (u64, (i64, u32));
+
 /// The kernel's size and mtime a fix step was decided on, and the descriptor to check them
 /// through. The kernel holds the inode lock while it sends the step's SETATTR, so the
 /// handler's check cannot race a guest write.
 #[derive(Clone, Copy)]
 struct Expected {
     fd: i32,
-    size: u64,
-    mtime: (i64, u32),
+    attrs: KernelAttrs,
+}
+
+/// How a fix ended.
+#[derive(PartialEq, Eq)]
+enum Fix {
+    /// The kernel already had the host's size and mtime, or no longer holds a file.
+    Nothing,
+    /// The kernel was given the host's size and mtime.
+    Done,
+    /// A guest write came in while the fix ran: to be tried again.
+    Overtaken,
 }
 
 #[derive(Default)]
@@ -177,7 +190,7 @@ impl AttrFixer {
         // SAFETY: the fixing thread keeps `fd` open until its step returns, which is after
         // this reply.
         let fd = unsafe { BorrowedFd::borrow_raw(e.fd) };
-        kernel_size_and_mtime(fd).is_ok_and(|now| now == (e.size, e.mtime))
+        kernel_size_and_mtime(fd).is_ok_and(|now| now == e.attrs)
     }
 
     /// The kernel was given `node` with `generation` and these attributes.
@@ -200,11 +213,11 @@ impl AttrFixer {
             return true;
         };
         match self.apply(node, generation) {
-            Ok(Some(true)) => {
+            Ok(Fix::Done) => {
                 self.counters.fixed.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(Some(false)) => {}
-            Ok(None) => {
+            Ok(Fix::Nothing) => {}
+            Ok(Fix::Overtaken) => {
                 self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
                 return false;
             }
@@ -221,21 +234,15 @@ impl AttrFixer {
         true
     }
 
-    /// Some(true) if something had to change, None if a guest write overtook the fix. The
-    /// whole fix runs inside `MountDir::with`, so an unmount waits for the file to be closed
-    /// (it failed with EBUSY when a fix ran then).
-    fn apply(&self, node: NodeId, generation: u32) -> io::Result<Option<bool>> {
+    /// The whole fix runs inside `MountDir::with`, so an unmount waits for the file to be
+    /// closed (it failed with EBUSY when a fix ran then).
+    fn apply(&self, node: NodeId, generation: u32) -> io::Result<Fix> {
         self.dir
             .with(|root| self.apply_on(root, node, generation))
             .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))
     }
 
-    fn apply_on(
-        &self,
-        root: BorrowedFd<'_>,
-        node: NodeId,
-        generation: u32,
-    ) -> io::Result<Option<bool>> {
+    fn apply_on(&self, root: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<Fix> {
         let file = open_by_node(root, node, generation)?;
         let before = kernel_size_and_mtime(file.as_fd())?;
         // The guest's own unwritten data and mtime go to the server first (the client
@@ -250,26 +257,25 @@ impl AttrFixer {
         };
         let host = match self.conn.call_wait(me, &Request::Getattr { node, fh: 0 }) {
             Ok(Reply::Attr(a)) if a.mode & libc::S_IFMT == libc::S_IFREG => a,
-            _ => return Ok(Some(false)), // gone, or no longer a file: its name invalidation follows
+            _ => return Ok(Fix::Nothing), // gone, or no longer a file: its name invalidation follows
         };
         // A guest write since `before` may not be in `host`: the steps below would undo it.
         // Each step checks again under the inode lock (`still_as_decided`).
         let (size, mtime) = kernel_size_and_mtime(file.as_fd())?;
         if (size, mtime) != before {
-            return Ok(None);
+            return Ok(Fix::Overtaken);
         }
-        let host_mtime = (host.mtime.sec, host.mtime.nsec);
-        if size == host.size && mtime == host_mtime {
-            return Ok(Some(false));
+        if (size, mtime) == (host.size, (host.mtime.sec, host.mtime.nsec)) {
+            return Ok(Fix::Nothing);
         }
         if size != host.size {
             // The handler answers with the host's attributes, whose size the kernel takes.
-            let truncated = self.step(&file, (size, mtime), || {
+            let truncated = self.step(&file, before, || {
                 // SAFETY: a descriptor we own.
                 unsafe { libc::ftruncate(file.as_raw_fd(), host.size as libc::off_t) }
-            });
-            if !truncated? {
-                return Ok(None);
+            })?;
+            if truncated == Fix::Overtaken {
+                return Ok(truncated);
             }
         }
         // After the truncation too, which set the kernel's mtime to now.
@@ -284,33 +290,31 @@ impl AttrFixer {
                 tv_nsec: host.mtime.nsec as libc::c_long,
             },
         ];
-        let timed = self.step(&file, now, || {
+        self.step(&file, now, || {
             // SAFETY: a descriptor we own and two valid timespecs.
             unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) }
-        });
-        Ok(timed?.then_some(true))
+        })
     }
 
     /// Runs one fix step (a truncate or utimens of `file`) whose SETATTR the handlers
     /// answer with the host's attributes, if the kernel's size and mtime are still
-    /// `decided_on` when it arrives. False if they were not (EAGAIN).
+    /// `decided_on` when it arrives (else the handler answers EAGAIN: `Overtaken`).
     fn step(
         &self,
         file: &OwnedFd,
-        decided_on: (u64, (i64, u32)),
+        decided_on: KernelAttrs,
         call: impl FnOnce() -> libc::c_int,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Fix> {
         let expected = Expected {
             fd: file.as_raw_fd(),
-            size: decided_on.0,
-            mtime: decided_on.1,
+            attrs: decided_on,
         };
         self.restating.insert(tid(), expected);
         let r = check(call());
         self.restating.remove(&tid());
         match r {
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
-            r => r.map(|()| true),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Fix::Overtaken),
+            r => r.map(|()| Fix::Done),
         }
     }
 }
@@ -356,7 +360,7 @@ fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::
 }
 
 /// The size and mtime the kernel holds, without asking the server.
-fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<(u64, (i64, u32))> {
+fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<KernelAttrs> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: valid descriptor, empty C string, and a statx buffer.
     check(unsafe {

@@ -7,18 +7,17 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Mount, Server, TestMount, TETHER};
 
 /// Waits until `f` holds (host-side changes show through the mount after the attribute
 /// timeout until pushed invalidation lands).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        common::poll_until(Duration::from_secs(5), f),
+        "timed out waiting for: {what}"
+    );
 }
 
 #[test]

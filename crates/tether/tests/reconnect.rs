@@ -33,15 +33,12 @@ fn wait_reconnected(mnt: &Path, n: u64) {
 
 /// Waits until `tether status` contains `want`.
 fn wait_state(mnt: &Path, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = status(mnt);
-        if s.contains(want) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {want:?}: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut s = String::new();
+    let seen = common::poll_until(Duration::from_secs(20), || {
+        s = status(mnt);
+        s.contains(want)
+    });
+    assert!(seen, "never {want:?}: {s}");
 }
 
 /// Asks the server about a name never looked up (the kernel cannot answer it) and checks

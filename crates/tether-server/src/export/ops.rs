@@ -47,7 +47,7 @@ pub struct ExportFs {
     /// The host descriptions that carry this session's guest locks (locks.rs).
     pub(super) locks: LockTable,
     /// Host read-ahead of directories the guest reads through (readahead.rs).
-    readahead: Option<ReadAhead>,
+    readahead: ReadAhead,
 }
 
 /// Checks a single path component from the guest.
@@ -127,9 +127,7 @@ impl ExportFs {
             create_no_handle: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
-            readahead: ReadAhead::start()
-                .inspect_err(|e| tracing::warn!("no read-ahead thread: {e}"))
-                .ok(),
+            readahead: ReadAhead::default(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -470,13 +468,12 @@ impl ExportFs {
     /// The guest reads `node` from its start (its page cache had none of it): perhaps the
     /// next file of a cold walk through its directory (readahead.rs).
     fn started_reading(&self, node: NodeId) {
-        let Some(ra) = &self.readahead else { return };
         let Some(dir) = self.nodes.get(node).ok().and_then(|n| n.parent()) else {
             return;
         };
-        if ra.started_reading(dir, node) {
+        if self.readahead.started_reading(dir, node) {
             if let Ok(stream) = self.dir_stream(dir) {
-                ra.queue(stream);
+                self.readahead.queue(stream);
             }
         }
     }

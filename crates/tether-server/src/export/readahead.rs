@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tether_proto::NodeId;
@@ -37,24 +37,15 @@ enum Seen {
     Done(Instant),
 }
 
+#[derive(Default)]
 pub struct ReadAhead {
     dirs: Mutex<HashMap<NodeId, Seen>>,
-    queue: SyncSender<OwnedFd>,
+    /// The thread's queue, started with the first walk; the thread ends with the session
+    /// (when this is dropped). None if it could not be started.
+    queue: OnceLock<Option<SyncSender<OwnedFd>>>,
 }
 
 impl ReadAhead {
-    /// Starts the read-ahead thread, which ends with the session (when this is dropped).
-    pub fn start() -> std::io::Result<ReadAhead> {
-        let (queue, rx) = sync_channel(QUEUE);
-        std::thread::Builder::new()
-            .name("tether-readahead".into())
-            .spawn(move || run(rx))?;
-        Ok(ReadAhead {
-            dirs: Mutex::new(HashMap::new()),
-            queue,
-        })
-    }
-
     /// The guest read the start of `file` in directory `dir`. Returns true when that makes
     /// a walk through `dir`, which the caller then opens and hands to [`ReadAhead::queue`].
     pub fn started_reading(&self, dir: NodeId, file: NodeId) -> bool {
@@ -81,7 +72,17 @@ impl ReadAhead {
     /// Hands a readable descriptor of a walked directory to the thread (dropped if the
     /// thread is behind).
     pub fn queue(&self, dir: OwnedFd) {
-        if let Err(TrySendError::Full(_)) = self.queue.try_send(dir) {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = sync_channel(QUEUE);
+            let spawned = std::thread::Builder::new()
+                .name("tether-readahead".into())
+                .spawn(move || run(rx));
+            spawned
+                .inspect_err(|e| tracing::warn!("no read-ahead thread: {e}"))
+                .ok()
+                .map(|_| tx)
+        });
+        if let Some(Err(TrySendError::Full(_))) = queue.as_ref().map(|q| q.try_send(dir)) {
             tracing::debug!("read-ahead queue full: a directory is not read ahead");
         }
     }

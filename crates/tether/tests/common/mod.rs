@@ -143,6 +143,18 @@ pub fn tether_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Calls `done` every 10 ms until it holds (true) or `within` has passed (false).
+pub fn poll_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 /// The report of `tether status MNT`.
 pub fn status(mnt: &Path) -> String {
     tether_ok(&[Path::new("status"), mnt])
