@@ -51,6 +51,10 @@ struct WaitingNames {
 /// for longer than this because of replays.
 const NAMES_WAIT_AT_MOST: Duration = Duration::from_millis(200);
 
+/// Longest a replay of host events waits for the fixes of the files they are about
+/// (writeback.rs).
+const FIX_WAIT_AT_MOST: Duration = Duration::from_millis(500);
+
 /// Longest stretch of host-event replays between two looks at new pushes.
 const REPLAY_SLICE: Duration = Duration::from_millis(50);
 
@@ -503,6 +507,11 @@ impl Coherence {
                 }
                 r.admit(&mut backlog, w.events);
                 admitted = w.batch;
+            }
+            if let Some(f) = self.fixer.get() {
+                // The fixes of the files these events are about were queued before the
+                // events were sent here: a watcher woken by an event must read the new size.
+                f.settle(FIX_WAIT_AT_MOST);
             }
             r.replay(&mut backlog, &notifier, REPLAY_SLICE);
             if backlog.is_empty() {

@@ -1476,13 +1476,30 @@ impl Filesystem for TetherFs {
             offset,
             whence: whence as u32,
         };
-        self.call(req, msg, reply, |reply, r| match r {
-            Reply::Lseek { offset } => {
-                reply.offset(offset as i64);
-                Ok(())
+        let answer = |reply: ReplyLseek, r: ReplyResult| match r {
+            Ok(Reply::Lseek { offset }) => reply.offset(offset as i64),
+            Ok(_) => reply.error(Errno::EIO),
+            Err(e) => reply.error(errno(e)),
+        };
+        let finds_data = matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE);
+        match self.co.fixer() {
+            // The server knows where the data is once the kernel's cached writes are there
+            // (the kernel does not write them back for an lseek). Writing them back needs
+            // FUSE workers, so not on this one.
+            Some(fixer) if finds_data => {
+                let (fixer, conn, who) = (fixer.clone(), self.conn.clone(), caller(req));
+                let spawned = std::thread::Builder::new()
+                    .name("tether-seek".into())
+                    .spawn(move || {
+                        fixer.write_back(ino.0);
+                        conn.call(who, &msg, move |r| answer(reply, r));
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("no thread for an lseek: {e}");
+                }
             }
-            _ => Err(reply),
-        });
+            _ => self.send(req, &msg, move |r| answer(reply, r)),
+        }
     }
 
     fn copy_file_range(

@@ -34,6 +34,7 @@ use dashmap::DashSet;
 use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
+use crate::coherence::Coherence;
 use crate::fuse_fs::errno;
 use crate::restore::Known;
 use crate::rpc::{Connection, ReplyResult};
@@ -106,6 +107,7 @@ pub struct Locks {
 struct Attached {
     notifier: Notifier,
     known: Arc<Known>,
+    co: Arc<Coherence>,
 }
 
 impl Locks {
@@ -150,8 +152,12 @@ impl Locks {
 
     /// The session's notifier and known nodes, once the session exists: granted locks
     /// revalidate the cache.
-    pub fn attach(&self, notifier: Notifier, known: Arc<Known>) {
-        let _ = self.session.set(Attached { notifier, known });
+    pub fn attach(&self, notifier: Notifier, known: Arc<Known>, co: Arc<Coherence>) {
+        let _ = self.session.set(Attached {
+            notifier,
+            known,
+            co,
+        });
     }
 
     /// SETLK/SETLKW from the kernel.
@@ -266,6 +272,9 @@ impl LockThread {
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Set(req, reply) => {
+                if req.lock.typ == lock_type::UNLOCK {
+                    self.write_back(req.node);
+                }
                 self.locked.insert(req.node);
                 self.drain_closes();
                 if req.wait {
@@ -454,6 +463,14 @@ impl LockThread {
                 let companion = [&name[..], suffix.as_bytes()].concat();
                 let _ = (s.notifier).inval_entry(INodeNo(parent), OsStr::from_bytes(&companion));
             }
+        }
+    }
+
+    /// With the writeback cache, the guest's writes under a lock reach the host before
+    /// the lock is released (writeback.rs).
+    fn write_back(&self, node: NodeId) {
+        if let Some(f) = self.session.get().and_then(|s| s.co.fixer()) {
+            f.write_back(node);
         }
     }
 

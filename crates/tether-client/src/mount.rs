@@ -180,7 +180,7 @@ impl Mounted {
             opts.cache,
             co.clone(),
             replayer.clone(),
-            fixer,
+            fixer.clone(),
             locks.clone(),
         );
         let known = fs.known();
@@ -196,8 +196,11 @@ impl Mounted {
             raise_readahead(mountpoint);
         }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
+        if let Some(f) = &fixer {
+            f.attach(session.notifier(), known.clone());
+        }
         if let Some(l) = &locks {
-            l.attach(session.notifier(), known.clone());
+            l.attach(session.notifier(), known.clone(), co.clone());
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
         pages.start(session.notifier(), co.clone());

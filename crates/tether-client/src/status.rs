@@ -105,8 +105,10 @@ fn answer(
     };
     let writeback = match co.fixer() {
         Some(f) => format!(
-            "writeback cache: on: {} files' size or mtime made the host's, {} fixes overtaken \
-             by guest writes and tried again, {} busy, {} failed\n",
+            "writeback cache: on: {} files forgotten to be looked up anew, {} files' size or \
+             mtime made the host's, {} fixes overtaken by guest writes and tried again, {} \
+             put off while an executable ran, {} failed\n",
+            f.counters.forgotten.load(Ordering::Relaxed),
             f.counters.fixed.load(Ordering::Relaxed),
             f.counters.overtaken.load(Ordering::Relaxed),
             f.counters.busy.load(Ordering::Relaxed),

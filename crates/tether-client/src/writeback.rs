@@ -28,17 +28,21 @@
 //! truncate, attrib and close events of the fix (docs/coherence.md).
 
 use std::collections::HashSet;
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use fuser::{INodeNo, Notifier};
 use tether_proto::{Caller, NodeId, Reply, Request};
 
+use crate::restore::Known;
 use crate::rpc::Connection;
 
 /// fuse_encode_fh's type for a handle without the parent: node id (two u32) and generation.
@@ -46,6 +50,9 @@ const FUSE_FILEID_INO64_GEN: i32 = 0x81;
 
 /// How long a fix waits before trying again after a guest write overtook it.
 const RETRY_AFTER: Duration = Duration::from_millis(10);
+
+/// How long the fix of an executable in use waits before trying again.
+const RETRY_BUSY_AFTER: Duration = Duration::from_millis(100);
 
 /// The size and mtime the kernel holds for a file.
 type KernelAttrs = (u64, (i64, u32));
@@ -68,13 +75,40 @@ enum Fix {
     Done,
     /// A guest write came in while the fix ran: to be tried again.
     Overtaken,
+    /// The kernel forgot the file (nobody used it) once its names were dropped.
+    Forgotten,
+    /// An executable in use: to be tried again later.
+    Busy,
+}
+
+/// The fixing thread's queue: nodes in order, each once, and whether a fix is running.
+#[derive(Default)]
+struct Queue {
+    nodes: Vec<NodeId>,
+    set: HashSet<NodeId>,
+    running: bool,
+}
+
+impl Queue {
+    /// Queues `node` unless it is already queued.
+    fn push(&mut self, node: NodeId) -> bool {
+        let new = self.set.insert(node);
+        if new {
+            self.nodes.push(node);
+        }
+        new
+    }
 }
 
 #[derive(Default)]
 pub struct FixCounters {
     /// Files whose kernel size or mtime was set to the host's.
     pub fixed: AtomicU64,
-    /// Running executables, which cannot be opened for writing (ETXTBSY).
+    /// Files the kernel forgot when their names were dropped, to take the host's size and
+    /// mtime at the next lookup.
+    pub forgotten: AtomicU64,
+    /// Fixes of executables in use put off (their truncation would make an exec fail with
+    /// ETXTBSY).
     pub busy: AtomicU64,
     /// Fixes tried again because a guest write came in while they ran.
     pub overtaken: AtomicU64,
@@ -94,8 +128,12 @@ pub struct AttrFixer {
     /// Regular files the kernel was given, with the generation it knows them by.
     files: DashMap<NodeId, u32>,
     /// Nodes waiting for the fixing thread, each once.
-    queued: Mutex<(Vec<NodeId>, HashSet<NodeId>)>,
+    queued: Mutex<Queue>,
     wake: Condvar,
+    /// Signalled when the queue is empty and no fix runs.
+    idle: Condvar,
+    /// The kernel session, to drop a file's names.
+    session: OnceLock<(Notifier, Arc<Known>)>,
     pub counters: FixCounters,
 }
 
@@ -112,8 +150,10 @@ impl AttrFixer {
             tids: DashMap::new(),
             restating: DashMap::new(),
             files: DashMap::new(),
-            queued: Mutex::new((Vec::new(), HashSet::new())),
+            queued: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            idle: Condvar::new(),
+            session: OnceLock::new(),
             counters: FixCounters::default(),
         }
     }
@@ -125,30 +165,49 @@ impl AttrFixer {
             .name("tether-fix".into())
             .spawn(move || {
                 me.bind_to_current_thread();
-                let mut retry = Vec::new();
+                // Fixes to try again, with when.
+                let mut retry: Vec<(Instant, NodeId)> = Vec::new();
                 loop {
                     let nodes = {
                         let mut q = me.queued.lock().unwrap();
-                        if !retry.is_empty() {
-                            q = me.wake.wait_timeout(q, RETRY_AFTER).unwrap().0;
-                            for n in retry.drain(..) {
-                                if q.1.insert(n) {
-                                    q.0.push(n);
-                                }
+                        q.running = false;
+                        loop {
+                            let now = Instant::now();
+                            for &(_, n) in retry.iter().filter(|(due, _)| *due <= now) {
+                                q.push(n);
                             }
+                            retry.retain(|(due, _)| *due > now);
+                            if !q.nodes.is_empty() {
+                                break;
+                            }
+                            me.idle.notify_all();
+                            q = match retry.iter().map(|(due, _)| *due).min() {
+                                Some(due) => {
+                                    let wait = due.saturating_duration_since(now);
+                                    me.wake.wait_timeout(q, wait).unwrap().0
+                                }
+                                None => me.wake.wait(q).unwrap(),
+                            };
                         }
-                        while q.0.is_empty() {
-                            q = me.wake.wait(q).unwrap();
-                        }
-                        q.1.clear();
-                        std::mem::take(&mut q.0)
+                        q.running = true;
+                        q.set.clear();
+                        std::mem::take(&mut q.nodes)
                     };
-                    retry = nodes.into_iter().filter(|&n| !me.fix(n)).collect();
+                    for n in nodes {
+                        if let Some(after) = me.fix(n) {
+                            retry.push((Instant::now() + after, n));
+                        }
+                    }
                 }
             });
         if let Err(e) = spawned {
             tracing::warn!("no fixing thread: {e}");
         }
+    }
+
+    /// The kernel session, once it exists: fixes drop the names of files nobody uses.
+    pub fn attach(&self, notifier: Notifier, known: Arc<Known>) {
+        let _ = self.session.set((notifier, known));
     }
 
     /// Queues a fix of `node` (see [`AttrFixer::fix`]), if the kernel holds it as a file.
@@ -157,10 +216,18 @@ impl AttrFixer {
             return;
         }
         let mut q = self.queued.lock().unwrap();
-        if q.1.insert(node) {
-            q.0.push(node);
+        if q.push(node) {
             self.wake.notify_one();
         }
+    }
+
+    /// Waits (at most `limit`) until the fixes queued so far have run, so that a guest
+    /// watcher told of a host change by a replay reads the new size.
+    pub fn settle(&self, limit: Duration) {
+        let q = self.queued.lock().unwrap();
+        let _ = self
+            .idle
+            .wait_timeout_while(q, limit, |q| q.running || !q.nodes.is_empty());
     }
 
     /// The calling thread may call [`AttrFixer::fix`].
@@ -205,33 +272,56 @@ impl AttrFixer {
         self.files.remove(&node);
     }
 
-    /// Makes the kernel's size and mtime of `node` the host's, if the kernel holds it as a
-    /// regular file. Runs on the fixing thread, never on a FUSE handler's. False when a guest
-    /// write overtook the fix, which must be tried again.
-    fn fix(&self, node: NodeId) -> bool {
+    /// Writes the kernel's dirty pages of `node` to the server and waits for them: before
+    /// an explicit unlock, so that the next holder (on the host, in another guest) reads
+    /// what this one wrote, as it would from a write-through mount. (A close writes them
+    /// back by itself.) Not on a FUSE handler's thread: the WRITEs need one.
+    pub fn write_back(&self, node: NodeId) {
         let Some(generation) = self.files.get(&node).map(|g| *g) else {
-            return true;
+            return;
         };
-        match self.apply(node, generation) {
-            Ok(Fix::Done) => {
-                self.counters.fixed.fetch_add(1, Ordering::Relaxed);
+        let written = self.dir.with(|root| -> io::Result<()> {
+            let file = open_by_node(root, node, generation)?;
+            let how = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // SAFETY: a descriptor we own; the range 0..0 means the whole file.
+            check(unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, how) })
+        });
+        match written {
+            Some(Err(e)) if !matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {
+                tracing::warn!("could not write node {node}'s cached pages back: {e}");
             }
-            Ok(Fix::Nothing) => {}
+            _ => {}
+        }
+    }
+
+    /// Makes the kernel's size and mtime of `node` the host's, if the kernel holds it as a
+    /// regular file. Runs on the fixing thread, never on a FUSE handler's. Returns when to
+    /// try again, if it must be.
+    fn fix(&self, node: NodeId) -> Option<Duration> {
+        let generation = self.files.get(&node).map(|g| *g)?;
+        let counter = match self.apply(node, generation) {
+            Ok(Fix::Nothing) => return None,
+            Ok(Fix::Done) => &self.counters.fixed,
+            Ok(Fix::Forgotten) => &self.counters.forgotten,
             Ok(Fix::Overtaken) => {
                 self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return Some(RETRY_AFTER);
+            }
+            Ok(Fix::Busy) => {
+                self.counters.busy.fetch_add(1, Ordering::Relaxed);
+                return Some(RETRY_BUSY_AFTER);
             }
             // The kernel no longer holds the inode: the next lookup reads fresh attributes.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                self.counters.busy.fetch_add(1, Ordering::Relaxed);
-            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => return None,
             Err(e) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("could not bring node {node}'s size and mtime up to date: {e}");
+                &self.counters.failed
             }
-        }
-        true
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
     /// The whole fix runs inside `MountDir::with`, so an unmount waits for the file to be
@@ -243,7 +333,22 @@ impl AttrFixer {
     }
 
     fn apply_on(&self, root: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<Fix> {
-        let file = open_by_node(root, node, generation)?;
+        // For reading: a descriptor open for writing would make an exec of the file fail
+        // with ETXTBSY while the fix runs, and its close would tell the guest's watchers of
+        // a write (IN_CLOSE_WRITE) that the replay of the host's change already reported.
+        // An inode nobody uses is forgotten by the kernel as soon as its names are dropped
+        // (FUSE keeps no unused inodes), and the next lookup makes it anew with the host's
+        // size and mtime: no write access, no events for the guest's watchers. Only a file
+        // still in use (open, mapped, running) needs the steps below.
+        if let Some((notifier, known)) = self.session.get() {
+            if let Some((parent, name)) = known.place_of(node) {
+                let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+            }
+        }
+        let file = match open_by_node(root, node, generation) {
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Ok(Fix::Forgotten),
+            file => file?,
+        };
         let before = kernel_size_and_mtime(file.as_fd())?;
         // The guest's own unwritten data and mtime go to the server first (the client
         // answers this FSYNC itself: no disk flush on the host), so that the host's
@@ -269,10 +374,18 @@ impl AttrFixer {
             return Ok(Fix::Nothing);
         }
         if size != host.size {
+            if host.mode & 0o111 != 0 {
+                // Truncating takes write access for a moment, and an exec of the file in
+                // that moment fails with ETXTBSY: wait until nobody uses it.
+                return Ok(Fix::Busy);
+            }
             // The handler answers with the host's attributes, whose size the kernel takes.
+            // By path, through the descriptor: no descriptor open for writing (above).
+            let path = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+                .expect("no NUL in a number");
             let truncated = self.step(&file, before, || {
-                // SAFETY: a descriptor we own.
-                unsafe { libc::ftruncate(file.as_raw_fd(), host.size as libc::off_t) }
+                // SAFETY: a valid C string.
+                unsafe { libc::truncate(path.as_ptr(), host.size as libc::off_t) }
             })?;
             if truncated == Fix::Overtaken {
                 return Ok(truncated);
@@ -327,7 +440,7 @@ fn check(r: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Opens for writing the inode the kernel holds for `node`, through FUSE's own file handle
+/// Opens for reading the inode the kernel holds for `node`, through FUSE's own file handle
 /// format; ESTALE when the kernel does not hold it (we do not ask for export support, so
 /// the kernel never looks a handle up on the server).
 fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<OwnedFd> {
@@ -342,7 +455,7 @@ fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::
         kind: FUSE_FILEID_INO64_GEN,
         words: [(node >> 32) as u32, node as u32, generation],
     };
-    let flags = libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
     // SAFETY: `h` is laid out as struct file_handle with 12 bytes of handle.
     let fd = unsafe {
         libc::syscall(

@@ -247,40 +247,70 @@ impl ExportFs {
 
     /// Runs this session's own change of `node` (through descriptor `fd`) so that its echo
     /// from the watcher is recognised: if the client was coherent with the node before the
-    /// change, it is coherent after it (its kernel saw the change happen).
+    /// change, it is coherent after it (its kernel saw the change happen). `size_after`
+    /// gives the size the change leaves from the size before it and the change's result:
+    /// a host change that came in the same moment and left another size is then not taken
+    /// for the session's own (its echo is pushed).
     fn own_change<T>(
         &self,
         node: &Node,
         fd: BorrowedFd<'_>,
         op: impl FnOnce() -> SysResult<T>,
+        size_after: impl Fn(u64, &T) -> u64,
     ) -> SysResult<T> {
-        self.own_changes(vec![(node, fd)], op)
+        self.own_changes_sized(vec![(node, fd)], op, |_, before, r| {
+            Some(size_after(before, r))
+        })
     }
 
-    /// [`own_change`](Self::own_change) of several nodes at once. Their states are locked
-    /// in node order, so that two changes sharing nodes cannot deadlock.
+    /// [`own_change`](Self::own_change) of several nodes at once, whose sizes are not
+    /// checked. Their states are locked in node order, so that two changes sharing nodes
+    /// cannot deadlock.
     fn own_changes<T>(
+        &self,
+        nodes: Vec<(&Node, BorrowedFd<'_>)>,
+        op: impl FnOnce() -> SysResult<T>,
+    ) -> SysResult<T> {
+        self.own_changes_sized(nodes, op, |_, _, _| None)
+    }
+
+    fn own_changes_sized<T>(
         &self,
         mut nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
+        size_after: impl Fn(NodeId, u64, &T) -> Option<u64>,
     ) -> SysResult<T> {
         if self.watcher.is_none() {
             return op();
         }
         nodes.sort_by_key(|(n, _)| n.id);
         nodes.dedup_by_key(|(n, _)| n.id);
-        let ctime = |fd| sys::fstat(fd).map(|st| (st.st_ctime, st.st_ctime_nsec));
+        let state =
+            |fd| sys::fstat(fd).map(|st| ((st.st_ctime, st.st_ctime_nsec), st.st_size as u64));
         let mut held: Vec<_> = nodes
             .iter()
-            .map(|(n, fd)| (n.synced_ctime.lock().unwrap(), ctime(*fd), *fd))
+            .map(|(n, fd)| (n.id, n.synced_ctime.lock().unwrap(), state(*fd), *fd))
             .collect();
         let r = op();
-        for (synced, before, fd) in &mut held {
-            if before.as_ref().ok() == Some(&**synced) {
-                if let Ok(after) = ctime(*fd) {
-                    **synced = after;
-                }
+        for (id, synced, before, fd) in &mut held {
+            let Ok((ctime, size)) = *before else { continue };
+            if ctime != **synced {
+                continue;
             }
+            let Ok((after, size_now)) = state(*fd) else {
+                continue;
+            };
+            let expected = r.as_ref().ok().and_then(|v| size_after(*id, size, v));
+            if expected.is_some_and(|s| s != size_now) {
+                tracing::debug!(
+                    node = *id,
+                    ?expected,
+                    size_now,
+                    "a host change came with an own change"
+                );
+                continue;
+            }
+            **synced = after;
         }
         r
     }
@@ -681,7 +711,7 @@ impl ExportFs {
                 }
                 let reopen = || self.reopen(&fd, open_host_flags(flags));
                 let f = if flags & libc::O_TRUNC as u32 != 0 {
-                    self.own_change(&n, fd.as_fd(), reopen)?
+                    self.own_change(&n, fd.as_fd(), reopen, |_, _| 0)?
                 } else {
                     reopen()?
                 };
@@ -765,19 +795,24 @@ impl ExportFs {
                 let n = self.nodes.get(node)?;
                 let h = self.file_for(node, fh, libc::O_WRONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
-                let written = self.own_change(&n, f.as_fd(), || {
-                    let written = sys::pwrite(f.as_fd(), &data, offset)?;
-                    // A guest writer without CAP_FSETID (uid 0 stands for it, as for
-                    // truncation) clears set-user-ID as a local write would; the server's own
-                    // write, with its CAP_FSETID, would not (the guest kernel leaves this to the
-                    // server: FUSE_HANDLE_KILLPRIV_V2). The data is written either way.
-                    if caller.uid != 0 {
-                        if let Err(e) = self.kill_suidgid(f, caller) {
-                            tracing::debug!(node, "clearing set-user-ID after a write: {e:?}");
+                let written = self.own_change(
+                    &n,
+                    f.as_fd(),
+                    || {
+                        let written = sys::pwrite(f.as_fd(), &data, offset)?;
+                        // A guest writer without CAP_FSETID (uid 0 stands for it, as for
+                        // truncation) clears set-user-ID as a local write would; the server's own
+                        // write, with its CAP_FSETID, would not (the guest kernel leaves this to the
+                        // server: FUSE_HANDLE_KILLPRIV_V2). The data is written either way.
+                        if caller.uid != 0 {
+                            if let Err(e) = self.kill_suidgid(f, caller) {
+                                tracing::debug!(node, "clearing set-user-ID after a write: {e:?}");
+                            }
                         }
-                    }
-                    Ok(written)
-                })?;
+                        Ok(written)
+                    },
+                    |before, &written| before.max(offset + written as u64),
+                )?;
                 Ok(Reply::Written {
                     size: written as u64,
                 })
@@ -825,9 +860,12 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::EPERM);
                 }
-                self.own_change(&n, fd.as_fd(), || {
-                    sys::setxattr(&sys::proc_path(fd.as_fd()), &name, &value, flags as i32)
-                })?;
+                self.own_change(
+                    &n,
+                    fd.as_fd(),
+                    || sys::setxattr(&sys::proc_path(fd.as_fd()), &name, &value, flags as i32),
+                    |before, _| before,
+                )?;
                 Ok(Reply::Empty)
             }
             Getxattr { node, name, size } => {
@@ -853,9 +891,12 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::EPERM);
                 }
-                self.own_change(&n, fd.as_fd(), || {
-                    sys::removexattr(&sys::proc_path(fd.as_fd()), &name)
-                })?;
+                self.own_change(
+                    &n,
+                    fd.as_fd(),
+                    || sys::removexattr(&sys::proc_path(fd.as_fd()), &name),
+                    |before, _| before,
+                )?;
                 Ok(Reply::Empty)
             }
             Reopen {
@@ -908,9 +949,16 @@ impl ExportFs {
                 let h = self.file_for(node, fh, libc::O_WRONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
                 let n = self.nodes.get(node)?;
-                self.own_change(&n, f.as_fd(), || {
-                    sys::fallocate(f.as_fd(), mode as i32, offset, length)
-                })?;
+                let keeps_size = mode as i32 & libc::FALLOC_FL_KEEP_SIZE != 0;
+                self.own_change(
+                    &n,
+                    f.as_fd(),
+                    || sys::fallocate(f.as_fd(), mode as i32, offset, length),
+                    |before, _| match keeps_size {
+                        true => before,
+                        false => before.max(offset + length),
+                    },
+                )?;
                 Ok(Reply::Empty)
             }
             Lseek {
@@ -943,9 +991,12 @@ impl ExportFs {
                     unreachable!()
                 };
                 let out = self.nodes.get(node_out)?;
-                let n = self.own_change(&out, fo.as_fd(), || {
-                    sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len)
-                })?;
+                let n = self.own_change(
+                    &out,
+                    fo.as_fd(),
+                    || sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len),
+                    |before, &n| before.max(offset_out + n),
+                )?;
                 Ok(Reply::Written { size: n })
             }
         }
@@ -959,9 +1010,13 @@ impl ExportFs {
         set: tether_proto::SetAttr,
     ) -> SysResult<Attr> {
         let (n, fd) = self.node_fd(node)?;
-        self.own_change(&n, fd.as_fd(), || {
-            self.apply_setattr(&n, &fd, fh, set, caller)
-        })?;
+        let resized = set.valid & setattr_valid::SIZE != 0;
+        self.own_change(
+            &n,
+            fd.as_fd(),
+            || self.apply_setattr(&n, &fd, fh, set, caller),
+            |before, _| if resized { set.size } else { before },
+        )?;
         let st = sys::fstat(fd.as_fd())?;
         Ok(self.attr_of(&st, node))
     }
