@@ -53,7 +53,7 @@ impl Default for CachePolicy {
         CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
-            writeback: false,
+            writeback: true,
         }
     }
 }

@@ -458,6 +458,11 @@ impl LockThread {
             return;
         };
         let _ = s.notifier.inval_inode(INodeNo(node), 0, 0);
+        if let Some(f) = s.co.fixer() {
+            // With the writeback cache the kernel keeps its own size: a holder reading only
+            // as far as the old one would see part of the last holder's writes.
+            f.fix_now(node);
+        }
         if let Some((parent, name)) = s.known.place_of(node) {
             for suffix in COMPANION_SUFFIXES {
                 let companion = [&name[..], suffix.as_bytes()].concat();

@@ -272,6 +272,25 @@ impl AttrFixer {
         self.files.remove(&node);
     }
 
+    /// Makes the kernel's size and mtime of `node` the host's now, on the calling thread:
+    /// for a lock just granted, whose holder must read the last holder's writes in full (an
+    /// `inval_inode` leaves the kernel's size as it was). Not on a FUSE handler's thread.
+    pub fn fix_now(&self, node: NodeId) {
+        let Some(generation) = self.files.get(&node).map(|g| *g) else {
+            return;
+        };
+        self.bind_to_current_thread();
+        for _ in 0..3 {
+            // The holder has the file open: it cannot be forgotten.
+            match self.apply(node, generation, false) {
+                Ok(Fix::Overtaken) => continue,
+                Ok(Fix::Done) => self.counters.fixed.fetch_add(1, Ordering::Relaxed),
+                Ok(_) | Err(_) => 0,
+            };
+            return;
+        }
+    }
+
     /// Writes the kernel's dirty pages of `node` to the server and waits for them: before
     /// an explicit unlock, so that the next holder (on the host, in another guest) reads
     /// what this one wrote, as it would from a write-through mount. (A close writes them
@@ -301,7 +320,7 @@ impl AttrFixer {
     /// try again, if it must be.
     fn fix(&self, node: NodeId) -> Option<Duration> {
         let generation = self.files.get(&node).map(|g| *g)?;
-        let counter = match self.apply(node, generation) {
+        let counter = match self.apply(node, generation, true) {
             Ok(Fix::Nothing) => return None,
             Ok(Fix::Done) => &self.counters.fixed,
             Ok(Fix::Forgotten) => &self.counters.forgotten,
@@ -326,13 +345,20 @@ impl AttrFixer {
 
     /// The whole fix runs inside `MountDir::with`, so an unmount waits for the file to be
     /// closed (it failed with EBUSY when a fix ran then).
-    fn apply(&self, node: NodeId, generation: u32) -> io::Result<Fix> {
+    fn apply(&self, node: NodeId, generation: u32, forget: bool) -> io::Result<Fix> {
         self.dir
-            .with(|root| self.apply_on(root, node, generation))
+            .with(|root| self.apply_on(root, node, generation, forget))
             .unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::ESTALE)))
     }
 
-    fn apply_on(&self, root: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::Result<Fix> {
+    /// `forget`: first try to have the kernel forget the file (below).
+    fn apply_on(
+        &self,
+        root: BorrowedFd<'_>,
+        node: NodeId,
+        generation: u32,
+        forget: bool,
+    ) -> io::Result<Fix> {
         // For reading: a descriptor open for writing would make an exec of the file fail
         // with ETXTBSY while the fix runs, and its close would tell the guest's watchers of
         // a write (IN_CLOSE_WRITE) that the replay of the host's change already reported.
@@ -340,7 +366,7 @@ impl AttrFixer {
         // (FUSE keeps no unused inodes), and the next lookup makes it anew with the host's
         // size and mtime: no write access, no events for the guest's watchers. Only a file
         // still in use (open, mapped, running) needs the steps below.
-        if let Some((notifier, known)) = self.session.get() {
+        if let Some((notifier, known)) = self.session.get().filter(|_| forget) {
             if let Some((parent, name)) = known.place_of(node) {
                 let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
             }

@@ -96,11 +96,11 @@ enum Command {
         /// them on the host's files (where other mounts and host processes see them).
         #[arg(long)]
         local_locks: bool,
-        /// Experimental, not for data you care about: let the guest kernel cache writes and
-        /// send them at close, fsync or every 20 ms. tether-fsx still finds mismatches with
-        /// it (docs/coherence.md, "Writeback cache").
-        #[arg(long, hide = true)]
-        writeback: bool,
+        /// Send every write() to the server before it returns, instead of letting the
+        /// guest kernel cache writes and send them at close, fsync, unlock or within 20 ms
+        /// (docs/coherence.md, "Writeback cache"). Small writes are many times slower.
+        #[arg(long)]
+        write_through: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
         /// to ~/.config/tether/secret when that exists.
         #[arg(long)]
@@ -319,7 +319,7 @@ fn run(cmd: Command) -> Result<()> {
             no_push,
             no_watch_events,
             local_locks,
-            writeback,
+            write_through,
             secret_file,
             uid,
             gid,
@@ -365,7 +365,7 @@ fn run(cmd: Command) -> Result<()> {
                 cache: CachePolicy {
                     attr_ttl: ttl,
                     entry_ttl: ttl,
-                    writeback,
+                    writeback: !write_through,
                 },
                 fs_name: format!("tether:{addr}"),
                 threads,

@@ -57,12 +57,12 @@ fn every_kind_of_host_change_is_seen_promptly() {
     every_kind_of_host_change(NO_TIMEOUT);
 }
 
-/// The same with the kernel's writeback cache, where the guest kernel owns sizes and mtimes
-/// and only the fixer (writeback.rs) makes the host's show.
+/// The same with writes sent through at once (`--write-through`), where the kernel takes
+/// sizes and mtimes from the server instead of owning them (writeback.rs).
 #[test]
-fn every_kind_of_host_change_is_seen_promptly_with_the_writeback_cache() {
+fn every_kind_of_host_change_is_seen_promptly_write_through() {
     require_mount!();
-    every_kind_of_host_change(&["--attr-timeout", "3600", "--writeback"]);
+    every_kind_of_host_change(&["--attr-timeout", "3600", "--write-through"]);
 }
 
 fn every_kind_of_host_change(mount_args: &[&str]) {
@@ -310,8 +310,11 @@ fn without_push_the_mount_says_so_and_still_sees_changes_after_its_timeout() {
 fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
     use std::io::{Read, Seek, SeekFrom, Write};
     require_mount!();
-    let args = ["--attr-timeout", "3600", "--writeback"];
-    let t = TestMount::start_with(&[], &args);
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    if !status(&t.mnt).contains("writeback cache: on") {
+        eprintln!("skipped: the writeback cache is off (--write-through, or not root)");
+        return;
+    }
     let (h, g) = (&t.export, &t.mnt);
     fs::write(h.join("log"), b"one\n").unwrap();
     let mut held = fs::File::open(g.join("log")).unwrap();
@@ -358,7 +361,7 @@ fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
     let other = t.dir.path().join("other");
     fs::create_dir(&other).unwrap();
     let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
-    let _second = Mount::start(&address, &other, &args);
+    let _second = Mount::start(&address, &other, NO_TIMEOUT);
     let mut w = fs::OpenOptions::new()
         .append(true)
         .open(g.join("log"))
@@ -445,7 +448,8 @@ fn sent(report: &str, op: &str) -> u64 {
 #[test]
 fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    // Only written through: the writeback cache sends whole pages.
+    let t = TestMount::start_with(&[], &["--attr-timeout", "3600", "--write-through"]);
     let p = t.mnt.join("pieces");
     let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
     let mut f = fs::File::create(&p).unwrap();
@@ -470,6 +474,64 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     );
     // Nothing went stale: the host's copy is the same.
     assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
+}
+
+/// By default the guest kernel caches writes: a file written in 1 KiB pieces reaches the
+/// server in a few large WRITEs, not one round trip per `write()`, and whole.
+#[test]
+fn small_writes_reach_the_server_in_large_requests() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    if !status(&t.mnt).contains("writeback cache: on") {
+        eprintln!("skipped: the writeback cache is off (--write-through, or not root)");
+        return;
+    }
+    let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 249) as u8).collect();
+    let before = status(&t.mnt);
+    let mut f = fs::File::create(t.mnt.join("pieces")).unwrap();
+    for piece in data.chunks(1024) {
+        std::io::Write::write_all(&mut f, piece).unwrap();
+    }
+    drop(f);
+    let writes = sent(&status(&t.mnt), "WRITE") - sent(&before, "WRITE");
+    assert!(
+        writes <= 64,
+        "{writes} WRITEs for 2 MiB written in 1 KiB pieces"
+    );
+    // close() sent them: the host has it all at once.
+    assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
+    assert_eq!(fs::read(t.mnt.join("pieces")).unwrap(), data);
+}
+
+/// Writes made under a lock are on the host when the lock is released, without a close or
+/// fsync, so that the next holder reads them (the kernel itself writes cached pages back
+/// only at close, fsync, or later).
+#[test]
+fn writes_under_a_lock_reach_the_host_before_its_release() {
+    use std::os::fd::AsRawFd;
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    for round in 0..20u32 {
+        let name = format!("locked{round}");
+        fs::write(t.export.join(&name), b"").unwrap();
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .open(t.mnt.join(&name))
+            .unwrap();
+        // SAFETY: a valid descriptor.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let text = format!("round {round}");
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        // SAFETY: a valid descriptor.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) }, 0);
+        let host = fs::read(t.export.join(&name)).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&host),
+            text,
+            "the host's copy right after the unlock"
+        );
+        drop(f);
+    }
 }
 
 /// The mount reads ahead as far as one READ carries (1 MiB), not the kernel's 128 KiB
