@@ -24,8 +24,8 @@ use tether_proto::{
 };
 
 use crate::coherence::{Coherence, WATCHED_TTL};
-use crate::dir_attrs::DirAttrs;
 use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
+use crate::known_attrs::KnownAttrs;
 use crate::locks::{LockRequest, Locks};
 use crate::partial_pages::PartialPages;
 use crate::prefetch::Prefetch;
@@ -72,8 +72,8 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
-    /// Directories' attributes from CREATE replies (dir_attrs.rs).
-    dir_attrs: Arc<DirAttrs>,
+    /// Directories' attributes from CREATE replies (known_attrs.rs).
+    known_attrs: Arc<KnownAttrs>,
     /// Lists a cold walk's directories through the mount, into the kernel's dentry cache
     /// (prefetch.rs).
     prefetch: Arc<Prefetch>,
@@ -103,7 +103,7 @@ impl TetherFs {
             conn,
             cache,
             co,
-            dir_attrs: Arc::default(),
+            known_attrs: Arc::default(),
             prefetch,
             listing_bytes: Arc::new(AtomicU32::new(LISTING_BYTES)),
             replayer,
@@ -339,14 +339,14 @@ impl TetherFs {
     }
 
     /// Sends `msg` for the kernel's `req`; `done` runs with the outcome. A change to a
-    /// directory counts when sent and when answered (dir_attrs.rs).
+    /// directory counts when sent and when answered (known_attrs.rs).
     fn send(
         &self,
         req: &FuseRequest,
         msg: &Request,
         done: impl FnOnce(ReplyResult) + Send + 'static,
     ) {
-        let touch = self.dir_attrs.touching(msg);
+        let touch = self.known_attrs.touching(msg);
         self.conn.call(caller(req), msg, move |res: ReplyResult| {
             if let Some(t) = &touch {
                 t.answered();
@@ -548,6 +548,32 @@ impl TetherFs {
             }
             _ => Err(reply),
         });
+    }
+
+    /// A GETATTR or SETATTR of `node`, whose reply the client keeps to answer the next
+    /// GETATTR itself while nothing touches the node (known_attrs.rs).
+    fn known_attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
+        let (co, fallback, sent) = (self.co.clone(), self.cache.attr_ttl, self.co.now());
+        let (known_attrs, counted) = (self.known_attrs.clone(), self.known_attrs.creating(node));
+        let answer = move |reply: ReplyAttr, res: ReplyResult| match res {
+            Ok(Reply::Attr(a)) => {
+                known_attrs.created(node, counted, Some(&a), sent);
+                reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
+            }
+            Ok(_) => {
+                known_attrs.created(node, counted, None, sent);
+                reply.error(Errno::EIO);
+            }
+            Err(e) => {
+                known_attrs.created(node, counted, None, sent);
+                reply.error(errno(e));
+            }
+        };
+        if msg.op().mutates() && self.replaying(req).is_some() {
+            answer(reply, Err(WireErrno::EPERM)); // as `call` does
+            return;
+        }
+        self.send(req, &msg, move |res| answer(reply, res));
     }
 
     /// For open and opendir. When the server watches, ENOSYS puts the kernel in "no open"
@@ -758,7 +784,7 @@ impl Filesystem for TetherFs {
             self.prefetch.forgotten(ino.0, parent);
             self.co.forget_file(ino.0);
             self.pages.forget(ino.0);
-            self.dir_attrs.forget(ino.0);
+            self.known_attrs.forget(ino.0);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
             if let Some(l) = &self.locks {
                 l.forgotten(ino.0);
@@ -767,13 +793,13 @@ impl Filesystem for TetherFs {
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        if let Some((a, sent)) = self.dir_attrs.get(ino.0, &self.co) {
+        if let Some((a, sent)) = self.known_attrs.get(ino.0, &self.co) {
             let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino.0, None, sent);
             reply.attr(&ttl, &file_attr(&a));
             return;
         }
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
+        self.known_attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
     }
 
     fn setattr(
@@ -825,7 +851,7 @@ impl Filesystem for TetherFs {
         if self.killpriv && ((size.is_some() && req.uid() != 0) || nothing) {
             set.valid |= setattr_valid::KILL_SUIDGID;
         }
-        let msg = if self.restating(req) {
+        if self.restating(req) {
             // Replayed truncate or chmod, or a fix of the kernel's size or mtime: the host
             // is already as it should be.
             if self
@@ -836,15 +862,14 @@ impl Filesystem for TetherFs {
                 reply.error(Errno::EAGAIN);
                 return;
             }
-            Request::Getattr { node: ino.0, fh: 0 }
-        } else {
-            Request::Setattr {
-                node: ino.0,
-                fh,
-                set,
-            }
+            return self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh: 0 }, reply);
         };
-        self.attr_call(req, ino.0, msg, reply);
+        let msg = Request::Setattr {
+            node: ino.0,
+            fh,
+            set,
+        };
+        self.known_attr_call(req, ino.0, msg, reply);
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
@@ -1382,7 +1407,7 @@ impl Filesystem for TetherFs {
         );
         let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
         let created = name(n);
-        let (dir_attrs, touch) = (self.dir_attrs.clone(), self.dir_attrs.creating(dir));
+        let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.creating(dir));
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create {
                 entry,
@@ -1390,7 +1415,7 @@ impl Filesystem for TetherFs {
                 dir: dir_attr,
                 ..
             } => {
-                dir_attrs.created(dir, touch, dir_attr, sent);
+                known_attrs.created(dir, touch, dir_attr.as_deref(), sent);
                 co.entry_given(&entry);
                 co.created(&entry, sent);
                 co.name_made(dir, &created);

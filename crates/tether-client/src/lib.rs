@@ -2,9 +2,9 @@
 //! file system that the kernel talks to ([`fuse_fs`]).
 
 pub mod coherence;
-pub mod dir_attrs;
 pub mod fuse_fs;
 pub mod host_events;
+pub mod known_attrs;
 pub mod locks;
 pub mod mount;
 pub mod partial_pages;

@@ -503,6 +503,44 @@ fn small_writes_reach_the_server_in_large_requests() {
     assert_eq!(fs::read(t.mnt.join("pieces")).unwrap(), data);
 }
 
+/// Reading a file again after closing it costs no round trip: with the writeback cache the
+/// kernel forgets a file's block count at every close and asks again at the next `stat`,
+/// which the client answers from what it last heard (known_attrs.rs): a warm `grep -r` or
+/// `cp -r` of a tree went from 1.9x to 14x native without that.
+#[test]
+fn stat_after_close_is_answered_without_a_round_trip() {
+    use std::io::Read;
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let names: Vec<_> = (0..50).map(|i| t.mnt.join(format!("f{i}"))).collect();
+    for (i, p) in names.iter().enumerate() {
+        fs::write(p, format!("file {i}")).unwrap();
+    }
+    let read_all = || {
+        for (i, p) in names.iter().enumerate() {
+            let mut f = fs::File::open(p).unwrap();
+            assert_eq!(
+                f.metadata().unwrap().len(),
+                format!("file {i}").len() as u64
+            );
+            let mut s = String::new();
+            f.read_to_string(&mut s).unwrap();
+            assert_eq!(s, format!("file {i}"));
+        }
+    };
+    read_all();
+    read_all();
+    let before = status(&t.mnt);
+    read_all();
+    let asked = sent(&status(&t.mnt), "GETATTR") - sent(&before, "GETATTR");
+    assert_eq!(asked, 0, "GETATTRs for a third read of 50 files");
+    // Still coherent: a host change is seen.
+    fs::write(t.export.join("f0"), b"changed on the host").unwrap();
+    settled("the host's change", || {
+        fs::read(&names[0]).is_ok_and(|c| c == b"changed on the host")
+    });
+}
+
 /// Writes made under a lock are on the host when the lock is released, without a close or
 /// fsync, so that the next holder reads them (the kernel itself writes cached pages back
 /// only at close, fsync, or later).

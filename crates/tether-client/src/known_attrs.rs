@@ -1,0 +1,236 @@
+//! Attributes the client knows without asking.
+//!
+//! Directories: after every creation the kernel drops the directory's attributes
+//! (`fuse_dir_changed`) and, since it checks permissions itself, asks for them again
+//! (GETATTR) before its next lookup there: creating N files in a directory costs N GETATTR
+//! round trips on top of the creations. With feature DIR_ATTR the server sends the
+//! directory's attributes after each creation with the CREATE reply, and the client answers
+//! that GETATTR itself.
+//!
+//! Files: with the writeback cache the kernel drops a file's block count at every close
+//! (`fuse_flush`: it does not keep `i_blocks` itself), so the next `stat` of it, in the
+//! next `grep` or `cp` of a tree, is a GETATTR round trip (warm grep 14x native). The
+//! client answers it from the last GETATTR reply about the node.
+//!
+//! Either is good only while nothing else changed the node. Each request that changes a
+//! node known here (a name in a directory, its attributes, a file's data) counts once when
+//! sent and once when answered ([`KnownAttrs::touch`]); a removal or rename of any name
+//! (which may change a file's link count, and names no node) counts against all of them.
+//! Attributes from a reply are kept only if nothing but the request itself touched the node
+//! between its sending and its reply, and used only while nothing has touched it since and
+//! no push invalidated it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use tether_proto::{Attr, NodeId, Request};
+
+use crate::coherence::Coherence;
+
+/// A request's count against the nodes it changes, to repeat when it is answered.
+pub struct Touch(Arc<KnownAttrs>, [NodeId; 2]);
+
+impl Touch {
+    pub fn answered(&self) {
+        self.0.touch(self.1[0]);
+        if self.1[1] != self.1[0] {
+            self.0.touch(self.1[1]);
+        }
+    }
+}
+
+/// What is known of a node: attributes, the node's touch count and the removals count
+/// they date from, and the push sequence when the request that brought them was sent.
+struct Known {
+    attr: Attr,
+    touches: u64,
+    removals: u64,
+    sent: u64,
+}
+
+#[derive(Default)]
+pub struct KnownAttrs {
+    /// Touch counts of the nodes with a creation or a GETATTR through this mount.
+    touches: DashMap<NodeId, u64>,
+    /// Removals and renames of names, sent or answered.
+    removals: AtomicU64,
+    known: DashMap<NodeId, Known>,
+}
+
+impl KnownAttrs {
+    /// `req` is about to be sent: counts it against the nodes it changes, and returns what
+    /// counts it again when it is answered ([`Touch::answered`]). CREATE counts through
+    /// [`KnownAttrs::creating`] and [`KnownAttrs::created`] instead.
+    pub fn touching(self: &Arc<Self>, req: &Request) -> Option<Touch> {
+        use Request::*;
+        let nodes = match *req {
+            Mknod { parent, .. } | Mkdir { parent, .. } | Symlink { parent, .. } => {
+                [parent, parent]
+            }
+            Link {
+                node, new_parent, ..
+            } => [node, new_parent],
+            Unlink { parent, .. } | Rmdir { parent, .. } => {
+                self.removals.fetch_add(1, Ordering::AcqRel);
+                [parent, parent]
+            }
+            Rename {
+                parent, new_parent, ..
+            } => {
+                self.removals.fetch_add(1, Ordering::AcqRel);
+                [parent, new_parent]
+            }
+            // SETATTR counts through `creating` and `created`, as GETATTR.
+            Setxattr { node, .. }
+            | Removexattr { node, .. }
+            | Write { node, .. }
+            | Fallocate { node, .. } => [node, node],
+            CopyFileRange { node_out, .. } => [node_out, node_out],
+            _ => return None,
+        };
+        let t = Touch(self.clone(), nodes);
+        t.answered();
+        Some(t)
+    }
+
+    fn touch(&self, node: NodeId) -> Option<u64> {
+        let mut t = self.touches.get_mut(&node)?;
+        *t += 1;
+        Some(*t)
+    }
+
+    /// A CREATE in `dir` or a GETATTR of a node (`dir`) is about to be sent: its touch
+    /// count and the removals count, for [`KnownAttrs::created`].
+    pub fn creating(&self, dir: NodeId) -> (u64, u64) {
+        let removals = self.removals.load(Ordering::Acquire);
+        let mut t = self.touches.entry(dir).or_insert(0);
+        *t += 1;
+        (*t, removals)
+    }
+
+    /// The CREATE or GETATTR counted `counted` ([`KnownAttrs::creating`]), sent at push
+    /// sequence `sent`, was answered with `attr` for node `dir`.
+    pub fn created(&self, dir: NodeId, counted: (u64, u64), attr: Option<&Attr>, sent: u64) {
+        let now = self.touch(dir);
+        let (touches, removals) = counted;
+        match attr {
+            Some(a) if now == Some(touches + 1) => {
+                let known = Known {
+                    attr: *a,
+                    touches: touches + 1,
+                    removals,
+                    sent,
+                };
+                self.known.insert(dir, known);
+            }
+            _ => {
+                self.known.remove(&dir);
+            }
+        }
+    }
+
+    /// `node`'s attributes and the push sequence they date from, if they are known.
+    pub fn get(&self, node: NodeId, co: &Coherence) -> Option<(Attr, u64)> {
+        let k = self.known.get(&node)?;
+        let touches = self.touches.get(&node).map(|t| *t);
+        let removals = self.removals.load(Ordering::Acquire);
+        // A directory's own count covers removals in it; a file's link count may change
+        // with a removal anywhere.
+        let is_dir = k.attr.mode & libc::S_IFMT == libc::S_IFDIR;
+        if touches == Some(k.touches)
+            && (is_dir || removals == k.removals)
+            && co.cacheable(node, k.sent)
+        {
+            return Some((k.attr, k.sent));
+        }
+        drop(k);
+        self.known.remove(&node);
+        None
+    }
+
+    /// The kernel forgot `node`.
+    pub fn forget(&self, node: NodeId) {
+        self.touches.remove(&node);
+        self.known.remove(&node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn attr(size: u64) -> Option<Box<Attr>> {
+        Some(Box::new(Attr {
+            size,
+            ..Attr::default()
+        }))
+    }
+
+    fn unlink(parent: NodeId) -> Request {
+        Request::Unlink {
+            parent,
+            name: Bytes::from_static(b"x"),
+        }
+    }
+
+    #[test]
+    fn attributes_from_a_creation_are_kept_until_the_directory_is_touched() {
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable(); // the root (1) is watched
+        let t = d.creating(1);
+        d.created(1, t, attr(5).as_deref(), co.now());
+        assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(5));
+        d.touching(&unlink(1));
+        assert!(d.get(1, &co).is_none());
+    }
+
+    #[test]
+    fn a_change_between_a_creation_and_its_reply_leaves_nothing_known() {
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable();
+        // An unlink sent before the creation and answered while it was on its way.
+        let unlinking = d.touching(&unlink(1)).unwrap();
+        let t = d.creating(1);
+        unlinking.answered();
+        d.created(1, t, attr(5).as_deref(), co.now());
+        assert!(d.get(1, &co).is_none());
+        // Two creations in flight at once: neither reply is trusted.
+        let (t1, t2) = (d.creating(1), d.creating(1));
+        d.created(1, t1, attr(6).as_deref(), co.now());
+        d.created(1, t2, attr(7).as_deref(), co.now());
+        assert!(d.get(1, &co).is_none());
+    }
+
+    #[test]
+    fn a_files_attributes_are_kept_until_it_is_written_or_any_name_is_removed() {
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable();
+        let file = |size| {
+            Some(Attr {
+                size,
+                mode: libc::S_IFREG | 0o644,
+                ..Attr::default()
+            })
+        };
+        let t = d.creating(1);
+        d.created(1, t, file(3).as_ref(), co.now());
+        assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(3));
+        // Data written: the block count may have changed.
+        let write = Request::Write {
+            node: 1,
+            fh: 0,
+            offset: 0,
+            data: Bytes::from_static(b"more"),
+        };
+        d.touching(&write).unwrap().answered();
+        assert!(d.get(1, &co).is_none());
+        // A removal of any name may change its link count (a hard link elsewhere).
+        let t = d.creating(1);
+        d.created(1, t, file(4).as_ref(), co.now());
+        assert!(d.get(1, &co).is_some());
+        d.touching(&unlink(7)).unwrap().answered();
+        assert!(d.get(1, &co).is_none());
+    }
+}
