@@ -167,6 +167,9 @@ impl Mounted {
             && conn.hello.features & tether_proto::handshake::features::HOST_EVENTS != 0)
             .then(|| -> io::Result<_> { Ok(Arc::new(Replayer::new(&mountpoint.canonicalize()?))) })
             .transpose()?;
+        if let Some(r) = &replayer {
+            r.set_server(conn.clone());
+        }
         // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, no writeback cache.
         let dir = Arc::new(MountDir::new(mountpoint.to_path_buf()));
         let fixer = root.then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));

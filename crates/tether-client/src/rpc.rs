@@ -10,7 +10,7 @@
 //! that are safe to execute twice. The others fail with EIO (protocol.md §15).
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -177,6 +177,8 @@ pub struct Connection {
     /// set up for).
     pub hello: HelloReply,
     pub peer: String,
+    /// The server's process id when it runs on this machine, else 0.
+    server_pid: AtomicU32,
     params: HandshakeParams,
     on_push: Option<Arc<PushHandler>>,
     redial: Option<Redial>,
@@ -242,6 +244,8 @@ struct Session {
     writer: Box<dyn Write + Send>,
     closer: Closer,
     peer: String,
+    /// The server's process id, when it runs on this machine (a Unix socket).
+    server_pid: Option<u32>,
 }
 
 /// Longest a reconnect's handshake may take before the attempt is given up.
@@ -288,6 +292,7 @@ fn handshake(stream: Stream, params: &HandshakeParams) -> Result<Session, Connec
         mut writer,
         closer,
         peer,
+        peer_cred,
         ..
     } = stream;
     write_magic(&mut *writer)?;
@@ -342,10 +347,16 @@ fn handshake(stream: Stream, params: &HandshakeParams) -> Result<Session, Connec
         writer,
         closer,
         peer,
+        server_pid: peer_cred.and_then(|c| u32::try_from(c.pid).ok()),
     })
 }
 
 impl Connection {
+    /// The server's process id, when it runs on this machine (a Unix socket).
+    pub fn local_server_pid(&self) -> Option<u32> {
+        Some(self.server_pid.load(Ordering::Relaxed)).filter(|&p| p != 0)
+    }
+
     /// Performs the handshake on `stream` and starts the reply reader. Pushes go to
     /// `on_push`; with `host_events` they also carry the host changes behind them.
     pub fn start(
@@ -403,6 +414,7 @@ impl Connection {
             epoch: Instant::now(),
             hello: session.hello,
             peer: session.peer,
+            server_pid: AtomicU32::new(session.server_pid.unwrap_or(0)),
             params,
             on_push: opts.on_push.map(Arc::new),
             redial: opts.redial,
@@ -668,6 +680,7 @@ impl Connection {
                 };
                 *self.closer.lock().unwrap() = session.closer;
             }
+            (self.server_pid).store(session.server_pid.unwrap_or(0), Ordering::Relaxed);
             self.heard();
             if self.start_reader(session.reader, generation).is_err() {
                 self.lost(generation, false, "cannot start a reader thread");

@@ -218,11 +218,13 @@ pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
 /// Connects to a server.
 pub fn connect(addr: &Address) -> io::Result<Stream> {
     match addr {
-        Address::Unix(p) => Stream::from_socket(
-            Socket::Unix(UnixStream::connect(p)?),
-            addr.to_string(),
-            None,
-        ),
+        Address::Unix(p) => {
+            let s = UnixStream::connect(p)?;
+            // The server's process, which the client may want to tell from its own
+            // machine's others (the server is not a guest process when both share a kernel).
+            let cred = peer_cred(&s).ok();
+            Stream::from_socket(Socket::Unix(s), addr.to_string(), cred)
+        }
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
     }
 }
