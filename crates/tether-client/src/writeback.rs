@@ -14,18 +14,21 @@
 //! edited would keep its old mtime (make would not rebuild it).
 //!
 //! The kernel does take them from two places: the size from the daemon's reply to a
-//! truncating SETATTR, and the mtime from a SETATTR that sets times. So after a host change
-//! to a regular file the kernel holds, the [`AttrFixer`] opens that very inode through
+//! truncating SETATTR, and the mtime from a SETATTR that sets times; and it makes an inode
+//! it forgot anew from a lookup's attributes. So after a host change to a regular file the
+//! kernel holds, the [`AttrFixer`] first drops the file's name: FUSE keeps no inode nobody
+//! uses, so one that is not open, mapped or running is forgotten, and looked up afresh.
+//! If the kernel still holds it, the fixer opens that very inode, read-only, through
 //! `open_by_handle_at` (no path: nothing can be renamed under it), and if the kernel's size
-//! or mtime differ from the host's, it truncates the descriptor to the host's size and sets
-//! the host's mtime. Its thread is known to the FUSE handlers, which answer its SETATTRs
-//! with the server's current attributes and change nothing on the host (as for replays,
-//! host_events.rs). A process holding the file open keeps its descriptor and sees the new
-//! size and content; nothing gets EIO.
+//! or mtime differ from the host's, truncates the file to the host's size (by its
+//! /proc/self/fd path) and sets the host's mtime. Its thread is known to the FUSE
+//! handlers, which answer its SETATTRs with the server's current attributes and change
+//! nothing on the host (as for replays, host_events.rs). A process holding the file open
+//! keeps its descriptor and sees the new size and content; nothing gets EIO.
 //!
-//! Costs: one GETATTR per changed file the kernel holds, and when something differs two
-//! SETATTRs the client answers itself. Guest watchers of the file also see the open,
-//! truncate, attrib and close events of the fix (docs/coherence.md).
+//! Costs: one GETATTR per changed file the kernel holds in use, and when something differs
+//! two SETATTRs the client answers itself. Guest watchers of such a file also see the open,
+//! truncate, attrib and close-without-write events of the fix (docs/coherence.md).
 
 use std::collections::HashSet;
 use std::ffi::{CString, OsStr};
