@@ -53,7 +53,7 @@ impl Default for CachePolicy {
         CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
-            writeback: true,
+            writeback: false,
         }
     }
 }
@@ -150,7 +150,14 @@ fn ttl_for(
     sent: u64,
 ) -> Duration {
     let parent_fresh = parent.map(|p| co.fresh(p, sent)).unwrap_or(true);
-    if !co.fresh(node, sent) || !parent_fresh {
+    if !co.fresh(node, sent) {
+        // With the writeback cache a new inode keeps this reply's size for good: have it
+        // checked against the host's once the kernel has it (writeback.rs).
+        if let Some(f) = co.fixer() {
+            f.fix_soon(node);
+        }
+        Duration::ZERO
+    } else if !parent_fresh {
         Duration::ZERO
     } else if co.watches(node) {
         WATCHED_TTL

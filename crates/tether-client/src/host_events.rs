@@ -710,6 +710,9 @@ fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: NodeId) -> io::R
     Ok(())
 }
 
+/// Processes with fewer descriptors have them all read at every scan.
+const KEEP_FDS_FROM: u64 = 512;
+
 /// The inotify and fanotify descriptors of each process, with its count of descriptors
 /// when they were found.
 #[derive(Default)]
@@ -756,7 +759,8 @@ impl GuestWatches {
     /// it has: 60 ms for two processes with 6,000 each (a server on the same machine holds
     /// one per node), and every batch of host changes waited for it. So `fds` keeps each
     /// process's watcher descriptors with its count of descriptors (the size of
-    /// /proc/PID/fd, Linux 6.2), and only a process whose count changed is read again.
+    /// /proc/PID/fd, Linux 6.2), and a process with many whose count did not change is
+    /// not read again.
     pub fn scan(kdev: u64, not_guests: &[Option<u32>], fds: &mut WatcherFds) -> GuestWatches {
         let mut found = GuestWatches {
             inodes: HashSet::new(),
@@ -778,8 +782,10 @@ impl GuestWatches {
             let Ok(count) = std::fs::metadata(&fd_dir).map(|m| m.len()) else {
                 continue;
             };
+            // Only many descriptors are worth keeping: a process that closed one and made
+            // a watcher in its place keeps its count, and few are quickly read again.
             let watchers = match fds.by_pid.remove(&pid) {
-                Some((c, w)) if c == count && count != 0 => w,
+                Some((c, w)) if c == count && count >= KEEP_FDS_FROM => w,
                 _ => watcher_fds_of(&fd_dir),
             };
             for fd in &watchers {

@@ -42,7 +42,7 @@ impl Touch {
 
 /// What is known of a node: attributes, the node's touch count and the removals count
 /// they date from, and the push sequence when the request that brought them was sent.
-struct Known {
+struct Learned {
     attr: Attr,
     touches: u64,
     removals: u64,
@@ -55,7 +55,7 @@ pub struct KnownAttrs {
     touches: DashMap<NodeId, u64>,
     /// Removals and renames of names, sent or answered.
     removals: AtomicU64,
-    known: DashMap<NodeId, Known>,
+    known: DashMap<NodeId, Learned>,
 }
 
 impl KnownAttrs {
@@ -116,7 +116,7 @@ impl KnownAttrs {
         let (touches, removals) = counted;
         match attr {
             Some(a) if now == Some(touches + 1) => {
-                let known = Known {
+                let known = Learned {
                     attr: *a,
                     touches: touches + 1,
                     removals,

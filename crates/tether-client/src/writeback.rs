@@ -84,12 +84,14 @@ enum Fix {
     Busy,
 }
 
-/// The fixing thread's queue: nodes in order, each once, and whether a fix is running.
+/// The fixing thread's queue: nodes in order, each once, whether a fix is running, and
+/// fixes to run later, with when.
 #[derive(Default)]
 struct Queue {
     nodes: Vec<NodeId>,
     set: HashSet<NodeId>,
     running: bool,
+    later: Vec<(Instant, NodeId)>,
 }
 
 impl Queue {
@@ -168,25 +170,25 @@ impl AttrFixer {
             .name("tether-fix".into())
             .spawn(move || {
                 me.bind_to_current_thread();
-                // Fixes to try again, with when.
-                let mut retry: Vec<(Instant, NodeId)> = Vec::new();
                 loop {
                     let nodes = {
                         let mut q = me.queued.lock().unwrap();
                         q.running = false;
                         loop {
                             let now = Instant::now();
-                            for &(_, n) in retry.iter().filter(|(due, _)| *due <= now) {
+                            let (due, later): (Vec<_>, Vec<_>) =
+                                q.later.drain(..).partition(|(at, _)| *at <= now);
+                            q.later = later;
+                            for (_, n) in due {
                                 q.push(n);
                             }
-                            retry.retain(|(due, _)| *due > now);
                             if !q.nodes.is_empty() {
                                 break;
                             }
                             me.idle.notify_all();
-                            q = match retry.iter().map(|(due, _)| *due).min() {
-                                Some(due) => {
-                                    let wait = due.saturating_duration_since(now);
+                            q = match q.later.iter().map(|(at, _)| *at).min() {
+                                Some(at) => {
+                                    let wait = at.saturating_duration_since(now);
                                     me.wake.wait_timeout(q, wait).unwrap().0
                                 }
                                 None => me.wake.wait(q).unwrap(),
@@ -198,7 +200,7 @@ impl AttrFixer {
                     };
                     for n in nodes {
                         if let Some(after) = me.fix(n) {
-                            retry.push((Instant::now() + after, n));
+                            me.fix_after(n, after);
                         }
                     }
                 }
@@ -222,6 +224,22 @@ impl AttrFixer {
         if q.push(node) {
             self.wake.notify_one();
         }
+    }
+
+    /// Queues a fix of `node` in `delay`: for a reply that may be older than a host change
+    /// the kernel was told of (a LOOKUP answered while the host truncated the file), whose
+    /// size a new inode would take. The kernel makes the inode after the reply is
+    /// written, so a fix right away could find none.
+    pub fn fix_soon(&self, node: NodeId) {
+        if self.files.contains_key(&node) {
+            self.fix_after(node, RETRY_AFTER);
+        }
+    }
+
+    fn fix_after(&self, node: NodeId, delay: Duration) {
+        let mut q = self.queued.lock().unwrap();
+        q.later.push((Instant::now() + delay, node));
+        self.wake.notify_one();
     }
 
     /// Waits (at most `limit`) until the fixes queued so far have run, so that a guest

@@ -96,11 +96,13 @@ enum Command {
         /// them on the host's files (where other mounts and host processes see them).
         #[arg(long)]
         local_locks: bool,
-        /// Send every write() to the server before it returns, instead of letting the
-        /// guest kernel cache writes and send them at close, fsync, unlock or within 20 ms
-        /// (docs/coherence.md, "Writeback cache"). Small writes are many times slower.
+        /// Experimental: let the guest kernel cache writes and send them at close, fsync,
+        /// unlock or within 20 ms, instead of sending every write() before it returns.
+        /// Small writes run near native speed, but tether-fsx still finds rare mismatches
+        /// when host and guest write the same files in turn (docs/coherence.md,
+        /// "Writeback cache").
         #[arg(long)]
-        write_through: bool,
+        writeback: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
         /// to ~/.config/tether/secret when that exists.
         #[arg(long)]
@@ -319,7 +321,7 @@ fn run(cmd: Command) -> Result<()> {
             no_push,
             no_watch_events,
             local_locks,
-            write_through,
+            writeback,
             secret_file,
             uid,
             gid,
@@ -365,7 +367,7 @@ fn run(cmd: Command) -> Result<()> {
                 cache: CachePolicy {
                     attr_ttl: ttl,
                     entry_ttl: ttl,
-                    writeback: !write_through,
+                    writeback,
                 },
                 fs_name: format!("tether:{addr}"),
                 threads,

@@ -19,6 +19,7 @@ mod sys;
 
 /// Far longer than any deadline below: without invalidation nothing would change in time.
 const NO_TIMEOUT: &[&str] = &["--attr-timeout", "3600"];
+const WRITEBACK: &[&str] = &["--attr-timeout", "3600", "--writeback"];
 const DEADLINE: Duration = Duration::from_secs(1);
 
 fn visible(what: &str, mut check: impl FnMut() -> bool) -> Duration {
@@ -57,12 +58,12 @@ fn every_kind_of_host_change_is_seen_promptly() {
     every_kind_of_host_change(NO_TIMEOUT);
 }
 
-/// The same with writes sent through at once (`--write-through`), where the kernel takes
-/// sizes and mtimes from the server instead of owning them (writeback.rs).
+/// The same with the kernel's writeback cache, where the guest kernel owns sizes and mtimes
+/// and only the fixer (writeback.rs) makes the host's show.
 #[test]
-fn every_kind_of_host_change_is_seen_promptly_write_through() {
+fn every_kind_of_host_change_is_seen_promptly_with_the_writeback_cache() {
     require_mount!();
-    every_kind_of_host_change(&["--attr-timeout", "3600", "--write-through"]);
+    every_kind_of_host_change(WRITEBACK);
 }
 
 fn every_kind_of_host_change(mount_args: &[&str]) {
@@ -310,9 +311,9 @@ fn without_push_the_mount_says_so_and_still_sees_changes_after_its_timeout() {
 fn with_the_writeback_cache_open_files_follow_the_host_and_reach_it() {
     use std::io::{Read, Seek, SeekFrom, Write};
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let t = TestMount::start_with(&[], WRITEBACK);
     if !status(&t.mnt).contains("writeback cache: on") {
-        eprintln!("skipped: the writeback cache is off (--write-through, or not root)");
+        eprintln!("skipped: no writeback cache (it needs root)");
         return;
     }
     let (h, g) = (&t.export, &t.mnt);
@@ -448,8 +449,7 @@ fn sent(report: &str, op: &str) -> u64 {
 #[test]
 fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     require_mount!();
-    // Only written through: the writeback cache sends whole pages.
-    let t = TestMount::start_with(&[], &["--attr-timeout", "3600", "--write-through"]);
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
     let p = t.mnt.join("pieces");
     let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
     let mut f = fs::File::create(&p).unwrap();
@@ -476,14 +476,14 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
 }
 
-/// By default the guest kernel caches writes: a file written in 1 KiB pieces reaches the
-/// server in a few large WRITEs, not one round trip per `write()`, and whole.
+/// With the writeback cache the guest kernel caches writes: a file written in 1 KiB pieces
+/// reaches the server in a few large WRITEs, not one round trip per `write()`, and whole.
 #[test]
 fn small_writes_reach_the_server_in_large_requests() {
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let t = TestMount::start_with(&[], WRITEBACK);
     if !status(&t.mnt).contains("writeback cache: on") {
-        eprintln!("skipped: the writeback cache is off (--write-through, or not root)");
+        eprintln!("skipped: no writeback cache (it needs root)");
         return;
     }
     let data: Vec<u8> = (0..2u32 << 20).map(|i| (i % 249) as u8).collect();
@@ -511,7 +511,7 @@ fn small_writes_reach_the_server_in_large_requests() {
 fn stat_after_close_is_answered_without_a_round_trip() {
     use std::io::Read;
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let t = TestMount::start_with(&[], WRITEBACK);
     let names: Vec<_> = (0..50).map(|i| t.mnt.join(format!("f{i}"))).collect();
     for (i, p) in names.iter().enumerate() {
         fs::write(p, format!("file {i}")).unwrap();
@@ -548,7 +548,7 @@ fn stat_after_close_is_answered_without_a_round_trip() {
 fn writes_under_a_lock_reach_the_host_before_its_release() {
     use std::os::fd::AsRawFd;
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let t = TestMount::start_with(&[], WRITEBACK);
     for round in 0..20u32 {
         let name = format!("locked{round}");
         fs::write(t.export.join(&name), b"").unwrap();
