@@ -72,7 +72,7 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
-    /// Directories' attributes from CREATE replies (known_attrs.rs).
+    /// Attributes from CREATE, GETATTR and SETATTR replies (known_attrs.rs).
     known_attrs: Arc<KnownAttrs>,
     /// Lists a cold walk's directories through the mount, into the kernel's dentry cache
     /// (prefetch.rs).
@@ -546,41 +546,19 @@ impl TetherFs {
         });
     }
 
+    /// A GETATTR or SETATTR of `node`. The client keeps the reply to answer the next
+    /// GETATTR itself while nothing touches the node (known_attrs.rs).
     fn attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
         let (co, fallback, sent) = (self.co.clone(), self.cache.attr_ttl, self.co.now());
+        let (known_attrs, counted) = (self.known_attrs.clone(), self.known_attrs.asking(node));
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Attr(a) => {
+                known_attrs.learn(node, counted, Some(&a), sent);
                 reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
                 Ok(())
             }
             _ => Err(reply),
         });
-    }
-
-    /// A GETATTR or SETATTR of `node`, whose reply the client keeps to answer the next
-    /// GETATTR itself while nothing touches the node (known_attrs.rs).
-    fn known_attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
-        let (co, fallback, sent) = (self.co.clone(), self.cache.attr_ttl, self.co.now());
-        let (known_attrs, counted) = (self.known_attrs.clone(), self.known_attrs.creating(node));
-        let answer = move |reply: ReplyAttr, res: ReplyResult| match res {
-            Ok(Reply::Attr(a)) => {
-                known_attrs.created(node, counted, Some(&a), sent);
-                reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
-            }
-            Ok(_) => {
-                known_attrs.created(node, counted, None, sent);
-                reply.error(Errno::EIO);
-            }
-            Err(e) => {
-                known_attrs.created(node, counted, None, sent);
-                reply.error(errno(e));
-            }
-        };
-        if msg.op().mutates() && self.replaying(req).is_some() {
-            answer(reply, Err(WireErrno::EPERM)); // as `call` does
-            return;
-        }
-        self.send(req, &msg, move |res| answer(reply, res));
     }
 
     /// For open and opendir. When the server watches, ENOSYS puts the kernel in "no open"
@@ -806,7 +784,7 @@ impl Filesystem for TetherFs {
             return;
         }
         let fh = fh.map(|f| f.0).unwrap_or(0);
-        self.known_attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
+        self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
     }
 
     fn setattr(
@@ -876,7 +854,7 @@ impl Filesystem for TetherFs {
             fh,
             set,
         };
-        self.known_attr_call(req, ino.0, msg, reply);
+        self.attr_call(req, ino.0, msg, reply);
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
@@ -1414,7 +1392,7 @@ impl Filesystem for TetherFs {
         );
         let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
         let created = name(n);
-        let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.creating(dir));
+        let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.asking(dir));
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create {
                 entry,
@@ -1422,7 +1400,7 @@ impl Filesystem for TetherFs {
                 dir: dir_attr,
                 ..
             } => {
-                known_attrs.created(dir, touch, dir_attr.as_deref(), sent);
+                known_attrs.learn(dir, touch, dir_attr.as_deref(), sent);
                 co.entry_given(&entry);
                 co.created(&entry, sent);
                 co.name_made(dir, &created);

@@ -60,8 +60,8 @@ pub struct KnownAttrs {
 
 impl KnownAttrs {
     /// `req` is about to be sent: counts it against the nodes it changes, and returns what
-    /// counts it again when it is answered ([`Touch::answered`]). CREATE counts through
-    /// [`KnownAttrs::creating`] and [`KnownAttrs::created`] instead.
+    /// counts it again when it is answered ([`Touch::answered`]). CREATE, GETATTR and
+    /// SETATTR count through [`KnownAttrs::asking`] and [`KnownAttrs::learn`] instead.
     pub fn touching(self: &Arc<Self>, req: &Request) -> Option<Touch> {
         use Request::*;
         let nodes = match *req {
@@ -81,7 +81,6 @@ impl KnownAttrs {
                 self.removals.fetch_add(1, Ordering::AcqRel);
                 [parent, new_parent]
             }
-            // SETATTR counts through `creating` and `created`, as GETATTR.
             Setxattr { node, .. }
             | Removexattr { node, .. }
             | Write { node, .. }
@@ -100,19 +99,22 @@ impl KnownAttrs {
         Some(*t)
     }
 
-    /// A CREATE in `dir` or a GETATTR of a node (`dir`) is about to be sent: its touch
-    /// count and the removals count, for [`KnownAttrs::created`].
-    pub fn creating(&self, dir: NodeId) -> (u64, u64) {
+    /// A request whose reply tells `node`'s attributes is about to be sent (a GETATTR or
+    /// SETATTR of it, a CREATE in it): counts it against the node, and returns the node's
+    /// touch count and the removals count, for [`KnownAttrs::learn`]. A request that fails
+    /// is never counted again, which leaves nothing known of the node until the next one.
+    pub fn asking(&self, node: NodeId) -> (u64, u64) {
         let removals = self.removals.load(Ordering::Acquire);
-        let mut t = self.touches.entry(dir).or_insert(0);
+        let mut t = self.touches.entry(node).or_insert(0);
         *t += 1;
         (*t, removals)
     }
 
-    /// The CREATE or GETATTR counted `counted` ([`KnownAttrs::creating`]), sent at push
-    /// sequence `sent`, was answered with `attr` for node `dir`.
-    pub fn created(&self, dir: NodeId, counted: (u64, u64), attr: Option<&Attr>, sent: u64) {
-        let now = self.touch(dir);
+    /// The request counted `counted` ([`KnownAttrs::asking`]), sent at push sequence
+    /// `sent`, was answered with `attr` for `node`: kept if nothing else touched the node
+    /// meanwhile.
+    pub fn learn(&self, node: NodeId, counted: (u64, u64), attr: Option<&Attr>, sent: u64) {
+        let now = self.touch(node);
         let (touches, removals) = counted;
         match attr {
             Some(a) if now == Some(touches + 1) => {
@@ -122,10 +124,10 @@ impl KnownAttrs {
                     removals,
                     sent,
                 };
-                self.known.insert(dir, known);
+                self.known.insert(node, known);
             }
             _ => {
-                self.known.remove(&dir);
+                self.known.remove(&node);
             }
         }
     }
@@ -179,8 +181,8 @@ mod tests {
     fn attributes_from_a_creation_are_kept_until_the_directory_is_touched() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable(); // the root (1) is watched
-        let t = d.creating(1);
-        d.created(1, t, attr(5).as_deref(), co.now());
+        let t = d.asking(1);
+        d.learn(1, t, attr(5).as_deref(), co.now());
         assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(5));
         d.touching(&unlink(1));
         assert!(d.get(1, &co).is_none());
@@ -192,14 +194,14 @@ mod tests {
         co.enable();
         // An unlink sent before the creation and answered while it was on its way.
         let unlinking = d.touching(&unlink(1)).unwrap();
-        let t = d.creating(1);
+        let t = d.asking(1);
         unlinking.answered();
-        d.created(1, t, attr(5).as_deref(), co.now());
+        d.learn(1, t, attr(5).as_deref(), co.now());
         assert!(d.get(1, &co).is_none());
         // Two creations in flight at once: neither reply is trusted.
-        let (t1, t2) = (d.creating(1), d.creating(1));
-        d.created(1, t1, attr(6).as_deref(), co.now());
-        d.created(1, t2, attr(7).as_deref(), co.now());
+        let (t1, t2) = (d.asking(1), d.asking(1));
+        d.learn(1, t1, attr(6).as_deref(), co.now());
+        d.learn(1, t2, attr(7).as_deref(), co.now());
         assert!(d.get(1, &co).is_none());
     }
 
@@ -214,8 +216,8 @@ mod tests {
                 ..Attr::default()
             })
         };
-        let t = d.creating(1);
-        d.created(1, t, file(3).as_ref(), co.now());
+        let t = d.asking(1);
+        d.learn(1, t, file(3).as_ref(), co.now());
         assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(3));
         // Data written: the block count may have changed.
         let write = Request::Write {
@@ -227,8 +229,8 @@ mod tests {
         d.touching(&write).unwrap().answered();
         assert!(d.get(1, &co).is_none());
         // A removal of any name may change its link count (a hard link elsewhere).
-        let t = d.creating(1);
-        d.created(1, t, file(4).as_ref(), co.now());
+        let t = d.asking(1);
+        d.learn(1, t, file(4).as_ref(), co.now());
         assert!(d.get(1, &co).is_some());
         d.touching(&unlink(7)).unwrap().answered();
         assert!(d.get(1, &co).is_none());

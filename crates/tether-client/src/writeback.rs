@@ -303,12 +303,10 @@ impl AttrFixer {
         self.bind_to_current_thread();
         for _ in 0..3 {
             // The holder has the file open: it cannot be forgotten.
-            match self.apply(node, generation, false) {
-                Ok(Fix::Overtaken) => continue,
-                Ok(Fix::Done) => self.counters.fixed.fetch_add(1, Ordering::Relaxed),
-                Ok(_) | Err(_) => 0,
-            };
-            return;
+            let outcome = self.apply(node, generation, false);
+            if self.account(node, outcome) != Some(RETRY_AFTER) {
+                return; // done, or nothing to try again at once (an executable in use)
+            }
         }
     }
 
@@ -341,27 +339,28 @@ impl AttrFixer {
     /// try again, if it must be.
     fn fix(&self, node: NodeId) -> Option<Duration> {
         let generation = self.files.get(&node).map(|g| *g)?;
-        let counter = match self.apply(node, generation, true) {
+        let outcome = self.apply(node, generation, true);
+        self.account(node, outcome)
+    }
+
+    /// Counts a fix's `outcome` in `tether status`; returns when to try again, if it must
+    /// be.
+    fn account(&self, node: NodeId, outcome: io::Result<Fix>) -> Option<Duration> {
+        let (counter, again) = match outcome {
             Ok(Fix::Nothing) => return None,
-            Ok(Fix::Done) => &self.counters.fixed,
-            Ok(Fix::Forgotten) => &self.counters.forgotten,
-            Ok(Fix::Overtaken) => {
-                self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
-                return Some(RETRY_AFTER);
-            }
-            Ok(Fix::Busy) => {
-                self.counters.busy.fetch_add(1, Ordering::Relaxed);
-                return Some(RETRY_BUSY_AFTER);
-            }
+            Ok(Fix::Done) => (&self.counters.fixed, None),
+            Ok(Fix::Forgotten) => (&self.counters.forgotten, None),
+            Ok(Fix::Overtaken) => (&self.counters.overtaken, Some(RETRY_AFTER)),
+            Ok(Fix::Busy) => (&self.counters.busy, Some(RETRY_BUSY_AFTER)),
             // The kernel no longer holds the inode: the next lookup reads fresh attributes.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => return None,
             Err(e) => {
                 tracing::warn!("could not bring node {node}'s size and mtime up to date: {e}");
-                &self.counters.failed
+                (&self.counters.failed, None)
             }
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        None
+        again
     }
 
     /// The whole fix runs inside `MountDir::with`, so an unmount waits for the file to be
@@ -590,35 +589,30 @@ impl MountDir {
 
     /// Runs `f` with a descriptor of the mount's root (open_by_handle_at refuses O_PATH
     /// ones), or returns None if the mount is paused, gone, or not (yet) there: the path
-    /// must lead to a FUSE file system, never to the directory beneath it.
+    /// must lead to this FUSE file system, never to the directory beneath it.
     pub fn with<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        self.with_root(libc::O_DIRECTORY, is_fuse, f)
+        self.with_root(libc::O_DIRECTORY, f)
     }
 
     /// Like [`MountDir::with`], with an `O_PATH` descriptor (usable as `openat`'s base),
-    /// and without the round trips: opening the root for reading sends OPENDIR and
-    /// RELEASEDIR, fstatfs sends STATFS. It checks the device number instead, learned from
-    /// the first check of `with`.
+    /// and without a round trip: opening the root for reading sends OPENDIR and RELEASEDIR.
     pub fn with_path<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        let dev = match self.dev.get() {
-            Some(dev) => *dev,
-            None => {
-                let dev = self.with(fstat_dev)??;
-                *self.dev.get_or_init(|| dev)
-            }
-        };
-        let same_dev = |fd: BorrowedFd<'_>| fstat_dev(fd) == Some(dev);
-        self.with_root(libc::O_PATH | libc::O_DIRECTORY, same_dev, f)
+        self.with_root(libc::O_PATH | libc::O_DIRECTORY, f)
+    }
+
+    /// Whether `fd` is the mount's root: on a FUSE file system the first time (fstatfs, a
+    /// STATFS round trip), then on the device number learned then (no round trip; the
+    /// flusher asks 50 times a second).
+    fn is_the_mount(&self, fd: BorrowedFd<'_>) -> bool {
+        if let Some(dev) = self.dev.get() {
+            return fstat_dev(fd) == Some(*dev);
+        }
+        is_fuse(fd) && fstat_dev(fd).is_some_and(|dev| *self.dev.get_or_init(|| dev) == dev)
     }
 
     /// Opens the root with `flags` while the mount is open and holds the state's lock
-    /// (so that [`MountDir::pause`] waits), checks it with `is_mount`, runs `f` on it.
-    fn with_root<T>(
-        &self,
-        flags: i32,
-        is_mount: impl FnOnce(BorrowedFd<'_>) -> bool,
-        f: impl FnOnce(BorrowedFd<'_>) -> T,
-    ) -> Option<T> {
+    /// (so that [`MountDir::pause`] waits), checks that it is the mount, runs `f` on it.
+    fn with_root<T>(&self, flags: i32, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
         let state = self.state.lock().unwrap();
         if *state != DirState::Open {
             return None;
@@ -628,7 +622,7 @@ impl MountDir {
             .custom_flags(flags | libc::O_CLOEXEC)
             .open(&self.path)
             .ok()?;
-        if !is_mount(dir.as_fd()) {
+        if !self.is_the_mount(dir.as_fd()) {
             return None;
         }
         let r = f(dir.as_fd());

@@ -258,7 +258,7 @@ impl ExportFs {
         op: impl FnOnce() -> SysResult<T>,
         size_after: impl Fn(u64, &T) -> u64,
     ) -> SysResult<T> {
-        self.own_changes_sized(vec![(node, fd)], op, |_, before, r| {
+        self.own_changes_sized(vec![(node, fd)], op, |before, r| {
             Some(size_after(before, r))
         })
     }
@@ -271,14 +271,16 @@ impl ExportFs {
         nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        self.own_changes_sized(nodes, op, |_, _, _| None)
+        self.own_changes_sized(nodes, op, |_, _| None)
     }
 
+    /// The two above: `size_after` gives the size a change of one node must leave, if it
+    /// can tell.
     fn own_changes_sized<T>(
         &self,
         mut nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
-        size_after: impl Fn(NodeId, u64, &T) -> Option<u64>,
+        size_after: impl Fn(u64, &T) -> Option<u64>,
     ) -> SysResult<T> {
         if self.watcher.is_none() {
             return op();
@@ -300,7 +302,7 @@ impl ExportFs {
             let Ok((after, size_now)) = state(*fd) else {
                 continue;
             };
-            let expected = r.as_ref().ok().and_then(|v| size_after(*id, size, v));
+            let expected = r.as_ref().ok().and_then(|v| size_after(size, v));
             if expected.is_some_and(|s| s != size_now) {
                 tracing::debug!(
                     node = *id,
