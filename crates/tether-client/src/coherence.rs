@@ -531,7 +531,8 @@ impl Coherence {
             // Errors mean the kernel holds nothing for it (already forgotten): fine.
             match item {
                 Invalidation::Inode(n) => {
-                    let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                    let r = notifier.inval_inode(INodeNo(n), 0, 0);
+                    tracing::trace!(node = n, ok = r.is_ok(), "inval_inode");
                     if let Some(f) = self.fixer.get() {
                         f.fix_later(n);
                     }

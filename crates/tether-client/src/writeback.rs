@@ -70,7 +70,7 @@ struct Expected {
 }
 
 /// How a fix ended.
-#[derive(PartialEq, Eq)]
+#[derive(PartialEq, Eq, Debug)]
 enum Fix {
     /// The kernel already had the host's size and mtime, or no longer holds a file.
     Nothing,
@@ -340,6 +340,7 @@ impl AttrFixer {
     fn fix(&self, node: NodeId) -> Option<Duration> {
         let generation = self.files.get(&node).map(|g| *g)?;
         let outcome = self.apply(node, generation, true);
+        tracing::trace!(node, ?outcome, "fix");
         self.account(node, outcome)
     }
 

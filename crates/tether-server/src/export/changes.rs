@@ -65,8 +65,8 @@ impl ExportFs {
             std::thread::sleep(timeout);
             return Changes::default();
         };
-        let events = match w.read(timeout) {
-            Ok(Batch::Events(e)) => e,
+        let (events, mut by_others) = match w.read(timeout) {
+            Ok(Batch::Events(e, foreign)) => (e, foreign),
             Ok(Batch::Overflow) => {
                 tracing::warn!("watch queue overflowed: invalidating everything the client holds");
                 return Changes {
@@ -113,8 +113,10 @@ impl ExportFs {
                     let key = (ev.dir, name.clone());
                     let file = (st.st_dev, st.st_ino);
                     let closing = ev.mask & libc::IN_CLOSE_WRITE != 0;
+                    // Another process's change, whatever the ctime says (foreign.rs).
+                    let by_other = by_others.remove(&(ev.dir, name.clone()));
                     let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
-                        Some(child) if self.changed_since_sync(&child) => {
+                        Some(child) if self.changed_since_sync(&child) || by_other => {
                             c.invalidate(Invalidation::Inode(child.id));
                             true
                         }
@@ -151,6 +153,24 @@ impl ExportFs {
                         c.invalidate(Invalidation::Inode(ev.dir));
                     }
                 }
+            }
+        }
+        // Other processes' changes whose inotify event is not in this batch: it was read with
+        // the last one, a moment before their fanotify event was queued, or it comes with
+        // the next one. The node's synced ctime is left alone: in the second case that
+        // event must still be found foreign (the host event of a watched file).
+        for (dir, name) in by_others {
+            let Ok(dir_fd) = self.node_fd(dir).map(|(_, fd)| fd) else {
+                continue;
+            };
+            let Ok(cname) = CString::new(name) else {
+                continue;
+            };
+            let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+                continue;
+            };
+            if let Some(child) = self.nodes.find(st.st_dev, st.st_ino) {
+                c.invalidate(Invalidation::Inode(child.id));
             }
         }
         c.out
@@ -383,6 +403,51 @@ mod tests {
         assert!(
             items.contains(&Invalidation::Inode(node)),
             "the renamed file's node {node} was not invalidated: {items:?}"
+        );
+    }
+
+    /// Found by tether-fsx with the writeback cache: a host write in the moment between a
+    /// session's own write and its look at the ctime after it (which then includes the
+    /// host's write) was taken for the echo of the own write, and the guest kept its old
+    /// pages. fanotify names the writer (foreign.rs).
+    #[test]
+    fn a_host_write_during_an_own_write_is_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let fs = watched_session(dir.path());
+        let node = lookup(&fs, b"f");
+        drain(&fs);
+        let (n, fd) = fs.node_fd(node).unwrap();
+        let host_write = format!(
+            "printf HOST | dd of={} bs=1 seek=5 conv=notrunc 2>/dev/null",
+            path.display()
+        );
+        fs.own_change(
+            &n,
+            fd.as_fd(),
+            || {
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, b"own", 0).unwrap();
+                let host = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(&host_write)
+                    .status();
+                assert!(host.unwrap().success());
+                Ok(())
+            },
+            |before, _| before,
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"own34HOST9");
+        let items = drain(&fs);
+        if fs.watcher.as_ref().is_some_and(|w| !w.tells_writers()) {
+            eprintln!("skipped: no fanotify here, so such a host write goes unnoticed");
+            return;
+        }
+        assert!(
+            items.contains(&Invalidation::Inode(node)),
+            "the host's write to node {node} was taken for the session's own: {items:?}"
         );
     }
 

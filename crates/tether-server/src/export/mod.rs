@@ -4,6 +4,7 @@
 //! checked, and every syscall is relative to a held descriptor with no-follow flags.
 
 mod changes;
+mod foreign;
 pub mod ids;
 mod locks;
 mod nodes;

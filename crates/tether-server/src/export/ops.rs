@@ -251,7 +251,7 @@ impl ExportFs {
     /// gives the size the change leaves from the size before it and the change's result:
     /// a host change that came in the same moment and left another size is then not taken
     /// for the session's own (its echo is pushed).
-    fn own_change<T>(
+    pub(super) fn own_change<T>(
         &self,
         node: &Node,
         fd: BorrowedFd<'_>,
@@ -565,7 +565,7 @@ impl ExportFs {
                     self.locks.forget_node(gone.id);
                     if let Some(w) = &self.watcher {
                         if gone.watched.load(Ordering::Relaxed) {
-                            w.unwatch(gone.id);
+                            w.unwatch(gone.id, self.nodes.fd(&gone).ok().as_deref());
                         }
                     }
                 }

@@ -63,6 +63,14 @@ pub fn open_path(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<OwnedFd> {
     openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)
 }
 
+pub fn fstatfs(fd: BorrowedFd<'_>) -> SysResult<libc::statfs> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: valid fd and a statfs buffer.
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatfs succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
 pub fn fstat(fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: st points to writable memory of the right size.

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
+use super::foreign::{Drained, ForeignChanged, ForeignChanges};
+
 /// What is watched on each directory.
 const MASK: u32 = libc::IN_MODIFY
     | libc::IN_ATTRIB
@@ -51,7 +53,9 @@ pub struct WatchEvent {
 }
 
 pub enum Batch {
-    Events(Vec<WatchEvent>),
+    /// The events, and the files in watched directories another process changed
+    /// (foreign.rs; empty without fanotify).
+    Events(Vec<WatchEvent>, ForeignChanged),
     /// The kernel dropped events: everything must be considered changed.
     Overflow,
 }
@@ -65,6 +69,8 @@ pub struct Watcher {
     /// so inotify never merges two of them: matching them one for one is exact.
     expected: DashMap<(NodeId, Vec<u8>, NameChange), (u32, Instant)>,
     failed: AtomicUsize,
+    /// Which process changed a file, where the kernel can tell.
+    foreign: Option<ForeignChanges>,
 }
 
 impl Watcher {
@@ -81,6 +87,14 @@ impl Watcher {
             by_node: DashMap::new(),
             expected: DashMap::new(),
             failed: AtomicUsize::new(0),
+            foreign: ForeignChanges::new()
+                .inspect_err(|e| {
+                    tracing::info!(
+                        "no fanotify ({e}): a host write in the moment of a guest write to the \
+                         same file may go unnoticed"
+                    )
+                })
+                .ok(),
         })
     }
 
@@ -107,15 +121,28 @@ impl Watcher {
         }
         self.by_wd.insert(wd, node);
         self.by_node.insert(node, wd);
+        if let Some(f) = &self.foreign {
+            f.mark(node, fd.as_fd());
+        }
         true
     }
 
-    pub fn unwatch(&self, node: NodeId) {
+    /// Stops watching directory `node`; `fd`, if the server still has it, lets fanotify's
+    /// mark go too.
+    pub fn unwatch(&self, node: NodeId, fd: Option<&OwnedFd>) {
+        if let Some(f) = &self.foreign {
+            f.unmark(node, fd.map(|fd| fd.as_fd()));
+        }
         if let Some((_, wd)) = self.by_node.remove(&node) {
             self.by_wd.remove(&wd);
             // SAFETY: removing a watch descriptor of our own inotify instance.
             unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
         }
+    }
+
+    /// Whether changes are reported with the process that made them (foreign.rs).
+    pub fn tells_writers(&self) -> bool {
+        self.foreign.is_some()
     }
 
     /// Directories the kernel refused to watch so far.
@@ -164,15 +191,25 @@ impl Watcher {
 
     /// Waits up to `timeout` for events and returns all that are queued.
     pub fn read(&self, timeout: Duration) -> io::Result<Batch> {
-        let mut pfd = libc::pollfd {
-            fd: self.inotify.as_raw_fd(),
+        let pollfd = |fd: i32| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        let mut pfds = vec![pollfd(self.inotify.as_raw_fd())];
+        if let Some(f) = &self.foreign {
+            pfds.push(pollfd(f.fd().as_raw_fd()));
+        }
+        // SAFETY: valid pollfds.
+        let n = unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                timeout.as_millis() as i32,
+            )
+        };
         if n <= 0 {
-            return Ok(Batch::Events(Vec::new()));
+            return Ok(Batch::Events(Vec::new(), ForeignChanged::new()));
         }
         let mut events = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
@@ -209,7 +246,18 @@ impl Watcher {
                 }
             }
         }
-        Ok(Batch::Events(events))
+        // After the inotify events: a change's fanotify event is queued in the same call as
+        // its inotify event, so it is found here (or, if read a moment too early, with the
+        // next batch: see `ExportFs::changes`).
+        let foreign = match self.foreign.as_ref().map(|f| f.drain()) {
+            Some(Drained::Overflow) => {
+                self.forget_expectations();
+                return Ok(Batch::Overflow);
+            }
+            Some(Drained::Changed(c)) => c,
+            None => ForeignChanged::new(),
+        };
+        Ok(Batch::Events(events, foreign))
     }
 }
 
