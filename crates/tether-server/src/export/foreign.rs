@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use dashmap::DashMap;
 use tether_proto::NodeId;
@@ -64,13 +64,10 @@ impl ForeignChanges {
             | libc::FAN_NONBLOCK
             | libc::FAN_CLOEXEC;
         // SAFETY: fanotify_init has no memory-safety preconditions.
-        let fd = unsafe { libc::fanotify_init(flags, libc::O_RDONLY as libc::c_uint) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fan =
+            sys::new_fd(unsafe { libc::fanotify_init(flags, libc::O_RDONLY as libc::c_uint) })?;
         Ok(ForeignChanges {
-            // SAFETY: a fresh descriptor we own.
-            fan: unsafe { OwnedFd::from_raw_fd(fd) },
+            fan,
             dirs: DashMap::new(),
             keys: DashMap::new(),
             pid: std::process::id() as i32,

@@ -44,6 +44,15 @@ pub fn fd_name(fd: BorrowedFd<'_>) -> CString {
     CString::new(fd.as_raw_fd().to_string()).expect("digits have no NUL")
 }
 
+/// The descriptor a call like inotify_init1 or fanotify_init just returned, or its error.
+pub fn new_fd(ret: libc::c_int) -> io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
     // SAFETY: `name` is a valid C string; the returned descriptor is fresh and owned by us.
     let fd = cvt(unsafe {

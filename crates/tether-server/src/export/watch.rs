@@ -6,7 +6,7 @@
 //! (FSEvents on macOS, ReadDirectoryChangesW on Windows) with the same surface.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -76,13 +76,11 @@ pub struct Watcher {
 impl Watcher {
     pub fn new() -> io::Result<Watcher> {
         // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let inotify = super::sys::new_fd(unsafe {
+            libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC)
+        })?;
         Ok(Watcher {
-            // SAFETY: a fresh descriptor we own.
-            inotify: unsafe { OwnedFd::from_raw_fd(fd) },
+            inotify,
             by_wd: DashMap::new(),
             by_node: DashMap::new(),
             expected: DashMap::new(),
