@@ -1471,6 +1471,24 @@ impl Filesystem for TetherFs {
         self.empty_call(req, msg, reply);
     }
 
+    /// No ioctl reaches the host: answered here as a local file system answers one it does
+    /// not know (ENOTTY). The kernel asks for every ioctl of a file on the mount, and
+    /// Python asks `isatty()` (TCGETS) of every file it opens: fuser's default answer (ENOSYS,
+    /// which the caller saw) also logged a warning each time.
+    fn ioctl(
+        &self,
+        _req: &FuseRequest,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn lseek(
         &self,
         req: &FuseRequest,

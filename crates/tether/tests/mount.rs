@@ -40,6 +40,36 @@ fn host_files_show_through_and_guest_writes_land_on_host() {
     });
 }
 
+/// Python asks `isatty()` (ioctl TCGETS) of every file it opens. The client answers ENOTTY
+/// itself; fuser's default answer wrote a warning to the mount's log at every call.
+#[test]
+fn isatty_of_a_file_is_answered_quietly() {
+    require_mount!();
+    let dir = tempfile::tempdir().unwrap();
+    let (export, mnt) = (dir.path().join("e"), dir.path().join("m"));
+    fs::create_dir(&export).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    fs::write(export.join("f"), b"not a terminal").unwrap();
+    let address = format!("unix:{}", dir.path().join("s.sock").display());
+    let _server = Server::start(&export, &address, &[]);
+    let log_path = dir.path().join("mount.log");
+    let log = fs::File::create(&log_path).unwrap();
+    let mut mount = Mount::start_logging_to(&address, &mnt, &[], log.into());
+    for _ in 0..3 {
+        let f = fs::File::open(mnt.join("f")).unwrap();
+        // SAFETY: a descriptor we own.
+        let tty = unsafe { libc::isatty(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((tty, errno), (0, Some(libc::ENOTTY)));
+    }
+    assert!(mount.stop().success());
+    let log = fs::read_to_string(&log_path).unwrap();
+    assert!(
+        !log.contains("ioctl"),
+        "the mount logged the ioctls:\n{log}"
+    );
+}
+
 /// `tether status MNT | head -1`: the reader leaves early, and that is no error (the
 /// standard library's print! panicked on the broken pipe).
 #[test]

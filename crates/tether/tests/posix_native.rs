@@ -159,6 +159,9 @@ fn suite_observes_things() {
         ("rw_basic", "odd-size reads equal: true"),
         ("large_write", "chunked read equal: true"),
         ("fsync", "fsync(dir) = ok"),
+        ("ioctl", "ioctl(file, TCGETS) = ENOTTY"),
+        ("ioctl", "ioctl(dir, TCGETS) = ENOTTY"),
+        ("ioctl", "ioctl(file, FIONREAD) = 14"),
         (
             "fallocate",
             "fstat(f) = reg mode=0100644 nlink=1 uid=0 gid=0 size=65536",

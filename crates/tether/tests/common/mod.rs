@@ -178,6 +178,11 @@ impl Mount {
     /// environment's TETHER_TEST_MOUNT_ARGS (split at spaces) are added, except those
     /// already in EXTRA: the whole suite can run in another mount mode.
     pub fn start(address: &str, mnt: &Path, extra: &[&str]) -> Mount {
+        Self::start_logging_to(address, mnt, extra, Stdio::inherit())
+    }
+
+    /// [`Mount::start`] with the client's log (its stderr) going to `log`.
+    pub fn start_logging_to(address: &str, mnt: &Path, extra: &[&str], log: Stdio) -> Mount {
         let more = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
         let more = more.split_whitespace().filter(|a| !extra.contains(a));
         let mut child = Command::new(TETHER)
@@ -187,7 +192,7 @@ impl Mount {
             .args(extra)
             .args(more)
             .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("start tether mount");
         let deadline = Instant::now() + Duration::from_secs(10);

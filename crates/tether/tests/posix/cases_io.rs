@@ -12,6 +12,7 @@ pub(crate) const CASES: &[(&str, CaseFn)] = &[
     ("rw_basic", rw_basic),
     ("large_write", large_write),
     ("fsync", fsync_case),
+    ("ioctl", ioctl_case),
     ("fallocate", fallocate_case),
     ("fallocate_zero_range", fallocate_zero_range),
     ("seek_data_hole", seek_data_hole),
@@ -382,6 +383,21 @@ fn large_write(cx: &mut Ctx) {
         cx.o(format!("after patch equal: {}", back == expect));
     }
     cx.ok("unlink(big)", unlink(&cx.p("big")));
+}
+
+/// Python asks isatty() of every file it opens.
+fn ioctl_case(cx: &mut Ctx) {
+    cx.put("f", b"not a terminal");
+    if let Some(fd) = cx.setup("open", open(&cx.p("f"), libc::O_RDONLY, 0)) {
+        cx.ok("ioctl(file, TCGETS)", tcgets(&fd));
+        cx.val("ioctl(file, FIONREAD)", fionread(&fd));
+    }
+    if let Some(fd) = cx.setup(
+        "open",
+        open(&cx.p(""), libc::O_RDONLY | libc::O_DIRECTORY, 0),
+    ) {
+        cx.ok("ioctl(dir, TCGETS)", tcgets(&fd));
+    }
 }
 
 fn fsync_case(cx: &mut Ctx) {

@@ -241,6 +241,18 @@ pub(crate) fn lseek(fd: &Fd, off: i64, whence: i32) -> Res<i64> {
     cvt_l(unsafe { libc::lseek(raw(fd), off, whence) })
 }
 
+/// ioctl(TCGETS), what isatty() asks.
+pub(crate) fn tcgets(fd: &Fd) -> Res<()> {
+    let mut t = std::mem::MaybeUninit::<libc::termios>::zeroed();
+    cvt(unsafe { libc::ioctl(raw(fd), libc::TCGETS, t.as_mut_ptr()) }).map(|_| ())
+}
+
+/// ioctl(FIONREAD): bytes left to read.
+pub(crate) fn fionread(fd: &Fd) -> Res<libc::c_int> {
+    let mut n: libc::c_int = 0;
+    cvt(unsafe { libc::ioctl(raw(fd), libc::FIONREAD, &mut n) }).map(|_| n)
+}
+
 pub(crate) fn fsync(fd: &Fd) -> Res<()> {
     cvt(unsafe { libc::fsync(raw(fd)) }).map(|_| ())
 }
