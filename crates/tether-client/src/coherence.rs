@@ -538,7 +538,8 @@ impl Coherence {
                     }
                 }
                 Invalidation::Entry { parent, name } => {
-                    let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                    let r = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                    tracing::trace!(parent, name = %String::from_utf8_lossy(&name), ok = r.is_ok(), "inval_entry");
                 }
                 Invalidation::All => {
                     // Cached names cannot be listed one by one: make the kernel look every
