@@ -563,15 +563,10 @@ impl Replayer {
 
     fn mount_dev(&self) -> Option<MountDev> {
         match std::fs::metadata(&self.mountpoint) {
-            Ok(m) => {
-                let dev = m.dev();
-                let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-                let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
-                Some(MountDev {
-                    dev,
-                    kdev: (major << 20) | minor,
-                })
-            }
+            Ok(m) => Some(MountDev {
+                dev: m.dev(),
+                kdev: kernel_dev(m.dev()),
+            }),
             Err(e) => {
                 tracing::warn!(
                     "cannot stat the mount point ({e}): no inotify events for host changes"
@@ -710,6 +705,14 @@ fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: NodeId) -> io::R
     Ok(())
 }
 
+/// The kernel's own number for device `dev` (as `stat` gives it), as /proc/*/fdinfo shows
+/// it in `sdev:`.
+fn kernel_dev(dev: u64) -> u64 {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    (major << 20) | minor
+}
+
 /// Processes with fewer descriptors have them all read at every scan.
 const KEEP_FDS_FROM: u64 = 512;
 
@@ -844,10 +847,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let meta = std::fs::metadata(dir.path()).unwrap();
-        let dev = meta.dev();
-        let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-        let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
-        let kdev = (major << 20) | minor;
+        let kdev = kernel_dev(meta.dev());
         let watch = |path: &Path| {
             // SAFETY: plain syscalls on a new descriptor.
             let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };

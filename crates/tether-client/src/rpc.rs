@@ -680,7 +680,8 @@ impl Connection {
                 };
                 *self.closer.lock().unwrap() = session.closer;
             }
-            (self.server_pid).store(session.server_pid.unwrap_or(0), Ordering::Relaxed);
+            self.server_pid
+                .store(session.server_pid.unwrap_or(0), Ordering::Relaxed);
             self.heard();
             if self.start_reader(session.reader, generation).is_err() {
                 self.lost(generation, false, "cannot start a reader thread");

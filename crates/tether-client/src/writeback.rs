@@ -293,11 +293,16 @@ impl AttrFixer {
         self.files.remove(&node);
     }
 
+    /// The generation the kernel knows `node` by, if it was given it as a regular file.
+    fn generation(&self, node: NodeId) -> Option<u32> {
+        self.files.get(&node).map(|g| *g)
+    }
+
     /// Makes the kernel's size and mtime of `node` the host's now, on the calling thread:
     /// for a lock just granted, whose holder must read the last holder's writes in full (an
     /// `inval_inode` leaves the kernel's size as it was). Not on a FUSE handler's thread.
     pub fn fix_now(&self, node: NodeId) {
-        let Some(generation) = self.files.get(&node).map(|g| *g) else {
+        let Some(generation) = self.generation(node) else {
             return;
         };
         self.bind_to_current_thread();
@@ -315,7 +320,7 @@ impl AttrFixer {
     /// what this one wrote, as it would from a write-through mount. (A close writes them
     /// back by itself.) Not on a FUSE handler's thread: the WRITEs need one.
     pub fn write_back(&self, node: NodeId) {
-        let Some(generation) = self.files.get(&node).map(|g| *g) else {
+        let Some(generation) = self.generation(node) else {
             return;
         };
         let written = self.dir.with(|root| -> io::Result<()> {
@@ -338,7 +343,7 @@ impl AttrFixer {
     /// regular file. Runs on the fixing thread, never on a FUSE handler's. Returns when to
     /// try again, if it must be.
     fn fix(&self, node: NodeId) -> Option<Duration> {
-        let generation = self.files.get(&node).map(|g| *g)?;
+        let generation = self.generation(node)?;
         let outcome = self.apply(node, generation, true);
         tracing::trace!(node, ?outcome, "fix");
         self.account(node, outcome)

@@ -98,9 +98,9 @@ enum Command {
         local_locks: bool,
         /// Experimental: let the guest kernel cache writes and send them at close, fsync,
         /// unlock or within 20 ms, instead of sending every write() before it returns.
-        /// Small writes run near native speed, but tether-fsx still finds rare mismatches
-        /// when host and guest write the same files in turn (docs/coherence.md,
-        /// "Writeback cache").
+        /// Small writes run near native speed, but a stat of a file closed since its last
+        /// stat asks the client, which makes warm greps and copies of a tree several times
+        /// slower (docs/coherence.md, "Writeback cache").
         #[arg(long)]
         writeback: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults

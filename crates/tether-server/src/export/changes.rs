@@ -114,7 +114,7 @@ impl ExportFs {
                     let file = (st.st_dev, st.st_ino);
                     let closing = ev.mask & libc::IN_CLOSE_WRITE != 0;
                     // Another process's change, whatever the ctime says (foreign.rs).
-                    let by_other = by_others.remove(&(ev.dir, name.clone()));
+                    let by_other = by_others.remove(&key);
                     let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
                         Some(child) if self.changed_since_sync(&child) || by_other => {
                             c.invalidate(Invalidation::Inode(child.id));
@@ -160,16 +160,10 @@ impl ExportFs {
         // the next one. The node's synced ctime is left alone: in the second case that
         // event must still be found foreign (the host event of a watched file).
         for (dir, name) in by_others {
-            let Ok(dir_fd) = self.node_fd(dir).map(|(_, fd)| fd) else {
+            let (Ok((_, dir_fd)), Ok(name)) = (self.node_fd(dir), CString::new(name)) else {
                 continue;
             };
-            let Ok(cname) = CString::new(name) else {
-                continue;
-            };
-            let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
-                continue;
-            };
-            if let Some(child) = self.nodes.find(st.st_dev, st.st_ino) {
+            if let Some(child) = self.held_by_name(dir_fd.as_fd(), &name) {
                 c.invalidate(Invalidation::Inode(child.id));
             }
         }

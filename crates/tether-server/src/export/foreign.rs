@@ -119,10 +119,10 @@ impl ForeignChanges {
         r == 0
     }
 
-    /// Reads every queued event (never waits): the files another process changed.
-    pub fn drain(&self) -> Drained {
+    /// Reads every queued event (never waits) through `buf`: the files another process
+    /// changed.
+    pub fn drain(&self, buf: &mut [u8]) -> Drained {
         let mut changed = ForeignChanged::new();
-        let mut buf = vec![0u8; 64 * 1024];
         loop {
             // SAFETY: buf is writable for its length.
             let len =
@@ -298,8 +298,9 @@ mod tests {
         std::fs::write(&file, b"one").unwrap();
         let dir_fd: OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
         assert!(f.mark(5, dir_fd.as_fd()), "mark refused");
+        let mut buf = vec![0u8; 64 * 1024];
         std::fs::write(&file, b"own").unwrap();
-        let Drained::Changed(own) = f.drain() else {
+        let Drained::Changed(own) = f.drain(&mut buf) else {
             panic!("overflow")
         };
         assert!(own.is_empty(), "{own:?}");
@@ -309,7 +310,7 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success());
-        let Drained::Changed(foreign) = f.drain() else {
+        let Drained::Changed(foreign) = f.drain(&mut buf) else {
             panic!("overflow")
         };
         assert!(foreign.contains(&(5, b"f".to_vec())), "{foreign:?}");

@@ -92,6 +92,11 @@ impl Node {
         self.fd.read().unwrap().is_some()
     }
 
+    /// The node's descriptor if it still has one (never reopened: see [`NodeTable::fd`]).
+    pub fn open_fd(&self) -> Option<Arc<OwnedFd>> {
+        self.fd.read().unwrap().clone()
+    }
+
     /// Whether the node can be found again by name once its descriptor is closed: not when
     /// the name it was last seen under was removed, nor when the file has no name left at
     /// all (unlinked while the guest holds it, typically open). Closing such a descriptor

@@ -318,7 +318,11 @@ impl ExportFs {
     }
 
     /// The node the client holds for the file `name` in `dir`, if any.
-    fn held_by_name(&self, dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> Option<Arc<Node>> {
+    pub(super) fn held_by_name(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> Option<Arc<Node>> {
         let st = sys::fstatat_nofollow(dir, name).ok()?;
         self.nodes.find(st.st_dev, st.st_ino)
     }
@@ -565,7 +569,9 @@ impl ExportFs {
                     self.locks.forget_node(gone.id);
                     if let Some(w) = &self.watcher {
                         if gone.watched.load(Ordering::Relaxed) {
-                            w.unwatch(gone.id, self.nodes.fd(&gone).ok().as_deref());
+                            // Not reopened for this: a forgotten node's reopened descriptor
+                            // would stay in the budget.
+                            w.unwatch(gone.id, gone.open_fd().as_deref());
                         }
                     }
                 }

@@ -247,7 +247,7 @@ impl Watcher {
         // After the inotify events: a change's fanotify event is queued in the same call as
         // its inotify event, so it is found here (or, if read a moment too early, with the
         // next batch: see `ExportFs::changes`).
-        let foreign = match self.foreign.as_ref().map(|f| f.drain()) {
+        let foreign = match self.foreign.as_ref().map(|f| f.drain(&mut buf)) {
             Some(Drained::Overflow) => {
                 self.forget_expectations();
                 return Ok(Batch::Overflow);
