@@ -80,6 +80,10 @@ pub struct Coherence {
     next_seq: AtomicU64,
     /// Node -> sequence of the newest push that invalidated it (or an entry in it).
     invalidated: DashMap<NodeId, u64>,
+    /// The newest of those sequences dropped with a forgotten node: a reply about a node
+    /// not in `invalidated`, to a request sent before it, may predate a change pushed for
+    /// a node the kernel forgot meanwhile (a LOOKUP racing the FORGET), so it is not fresh.
+    forgotten_floor: AtomicU64,
     /// Nodes whose entries the server marked as watched.
     watched: DashMap<NodeId, ()>,
     /// Nodes the server could not watch (they fall back to the mount's timeout).
@@ -136,6 +140,7 @@ impl Coherence {
             last_push: AtomicU64::new(0),
             next_seq: AtomicU64::new(0),
             invalidated: DashMap::new(),
+            forgotten_floor: AtomicU64::new(0),
             watched: DashMap::new(),
             unwatched: DashMap::new(),
             queue: tx,
@@ -173,10 +178,10 @@ impl Coherence {
         if self.replayer.get().is_some_and(|r| r.holds(node)) {
             return false;
         }
-        self.invalidated
-            .get(&node)
-            .map(|s| *s <= sent)
-            .unwrap_or(true)
+        match self.invalidated.get(&node) {
+            Some(s) => *s <= sent,
+            None => self.forgotten_floor.load(Ordering::Acquire) <= sent,
+        }
     }
 
     /// May the kernel keep what a reply (to a request sent at `sent`) says about `node`
@@ -314,6 +319,10 @@ impl Coherence {
         if node != ROOT_NODE {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
+            // The floor first: `fresh` finds either the entry or the raised floor.
+            if let Some(s) = self.invalidated.get(&node).map(|s| *s) {
+                self.forgotten_floor.fetch_max(s, Ordering::AcqRel);
+            }
             self.invalidated.remove(&node);
             self.created.remove(&node);
             self.new_dirs.remove(&node);
@@ -620,6 +629,26 @@ mod tests {
         assert_eq!(co.watch_counts(), (1, 1), "root watched, node 5 not");
         co.forget(5);
         assert_eq!(co.watch_counts(), (1, 0));
+    }
+
+    /// tether-fsx with a guest watcher under CPU load: the kernel forgot a file while a
+    /// LOOKUP of it was on its way, the forget dropped the file's invalidation, and the
+    /// reply (or attributes known from before the host's change) was then cached for good.
+    #[test]
+    fn forgetting_a_node_does_not_make_older_replies_about_it_fresh() {
+        let co = Coherence::new();
+        co.enable();
+        co.set_watched(7, true);
+        let sent_before = co.now();
+        push(&co, 1, &[Invalidation::Inode(7)]);
+        co.forget(7);
+        co.set_watched(7, true); // the racing LOOKUP's reply
+        assert!(!co.fresh(7, sent_before));
+        assert!(co.fresh(7, co.now()));
+        // Other nodes: only replies to requests in flight at that push are doubted.
+        co.set_watched(9, true);
+        assert!(!co.cacheable(9, sent_before));
+        assert!(co.cacheable(9, co.now()));
     }
 
     #[test]

@@ -756,7 +756,6 @@ impl Filesystem for TetherFs {
         if ino.0 >= GHOST_BASE {
             return; // never known to the server
         }
-        self.co.forget(ino.0);
         // Sent before the count drops: a reconnect's restore then either counts these
         // lookups and gets the FORGET after it, or counts none of them.
         self.conn.send_oneway(
@@ -765,7 +764,11 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
+        // Only when the kernel holds no lookup of the node: a LOOKUP answered just before
+        // this FORGET gave it the node again, and what that reply may be cached for depends
+        // on the node's invalidations.
         if let Some(parent) = self.known.forgotten(ino.0, nlookup) {
+            self.co.forget(ino.0);
             self.prefetch.forgotten(ino.0, parent);
             self.co.forget_file(ino.0);
             self.pages.forget(ino.0);
