@@ -81,6 +81,13 @@ struct Args {
     /// does not report them).
     #[arg(long)]
     host_mmap_writes: bool,
+    /// End every write through a mapping with msync, so that no dirty mapped page waits
+    /// for write-back. The guest kernel's FUSE can lose a write() that extends a file
+    /// within a page dirtied through a mapping when a close of another descriptor of the
+    /// file writes that page back at the same moment (docs/coherence.md, "Shared mappings
+    /// and a concurrent close"); a guest watcher's replays make such closes.
+    #[arg(long)]
+    always_msync: bool,
     /// How long a side may take to show the model after a switch, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     converge_timeout_ms: u64,
@@ -757,7 +764,8 @@ impl Fsx {
             self.note(text, None);
             return Ok(());
         };
-        let sync = self.rng.percent(50);
+        // The coin is tossed either way: a seed runs the same operations with the option.
+        let sync = self.rng.percent(50) | self.args.always_msync;
         let text = format!(
             "{} map_write {} off={off} len={len}{} (size {})",
             self.side.name(),
@@ -1195,6 +1203,9 @@ impl Fsx {
         let mut extra = String::new();
         if a.host_mmap_writes {
             extra += " --host-mmap-writes";
+        }
+        if a.always_msync {
+            extra += " --always-msync";
         }
         if a.guest_watcher {
             extra += " --guest-watcher";
