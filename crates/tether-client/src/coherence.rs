@@ -171,16 +171,24 @@ impl Coherence {
         self.last_push.load(Ordering::Acquire)
     }
 
-    /// True when nothing about `node` was invalidated after a request sent at `sent`, and
-    /// no replay of host events is changing names in it (host_events.rs: a reply about an
-    /// entry of such a directory is not cached, whenever it was sent).
+    /// True when nothing about `node` was invalidated after a request sent at `sent` (whose
+    /// reply is arriving now), and no replay of host events is changing names in it
+    /// (host_events.rs: a reply about an entry of such a directory is not cached, whenever
+    /// it was sent).
     pub fn fresh(&self, node: NodeId, sent: u64) -> bool {
+        self.unchanged_since(node, sent, true)
+    }
+
+    /// `doubt_forgotten`: whether an invalidation dropped with a forgotten node may concern
+    /// `node` (a reply racing the FORGET); not for a record kept since `since`, which goes
+    /// with its node.
+    fn unchanged_since(&self, node: NodeId, since: u64, doubt_forgotten: bool) -> bool {
         if self.replayer.get().is_some_and(|r| r.holds(node)) {
             return false;
         }
         match self.invalidated.get(&node) {
-            Some(s) => *s <= sent,
-            None => self.forgotten_floor.load(Ordering::Acquire) <= sent,
+            Some(s) => *s <= since,
+            None => !doubt_forgotten || self.forgotten_floor.load(Ordering::Acquire) <= since,
         }
     }
 
@@ -188,6 +196,13 @@ impl Coherence {
     /// until it is revoked?
     pub fn cacheable(&self, node: NodeId, sent: u64) -> bool {
         self.watches(node) && self.fresh(node, sent)
+    }
+
+    /// Does what the client kept about `node` from a reply found [`Coherence::cacheable`]
+    /// (to a request sent at `since`) still hold? Such records go when the kernel forgets
+    /// the node, so every invalidation of it since is on record.
+    pub fn still_cacheable(&self, node: NodeId, since: u64) -> bool {
+        self.watches(node) && self.unchanged_since(node, since, false)
     }
 
     /// The server pushes invalidations for `node`.
@@ -236,7 +251,7 @@ impl Coherence {
         let Some(sent) = self.created.get(&node).map(|s| *s) else {
             return false;
         };
-        let known = self.cacheable(node, sent);
+        let known = self.still_cacheable(node, sent);
         if !known {
             self.created.remove(&node);
         }
@@ -284,7 +299,7 @@ impl Coherence {
         let Some(d) = self.new_dirs.get(&dir) else {
             return false;
         };
-        if self.cacheable(dir, d.0) {
+        if self.still_cacheable(dir, d.0) {
             return !d.1.contains(name);
         }
         drop(d);
@@ -307,15 +322,13 @@ impl Coherence {
         self.fixer.get()
     }
 
-    /// The kernel holds no lookup of `node` any more (counted by `Known`, so that a FORGET
-    /// racing a new LOOKUP of the same node does not count).
-    pub fn forget_file(&self, node: NodeId) {
+    /// The kernel holds no lookup of `node` any more (counted by `Known`: a LOOKUP answered
+    /// just before a FORGET gave it the node again, and what that reply may be cached for
+    /// depends on the node's invalidations).
+    pub fn forget(&self, node: NodeId) {
         if let Some(f) = self.fixer.get() {
             f.forget(node);
         }
-    }
-
-    pub fn forget(&self, node: NodeId) {
         if node != ROOT_NODE {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
@@ -576,11 +589,12 @@ impl Coherence {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tether_proto::{invalidate_frame, FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 
-    fn push(co: &Coherence, seq: u64, items: &[Invalidation]) {
+    /// Delivers a push of `items` with sequence `seq`, as the connection would.
+    pub(crate) fn push(co: &Coherence, seq: u64, items: &[Invalidation]) {
         let frame = invalidate_frame(seq, items, &[]);
         let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap(), MAX_FRAME_LEN)
             .unwrap();
@@ -645,10 +659,12 @@ mod tests {
         co.set_watched(7, true); // the racing LOOKUP's reply
         assert!(!co.fresh(7, sent_before));
         assert!(co.fresh(7, co.now()));
-        // Other nodes: only replies to requests in flight at that push are doubted.
+        // Other nodes: only replies to requests in flight at that push are doubted, not
+        // what was kept from replies before it.
         co.set_watched(9, true);
         assert!(!co.cacheable(9, sent_before));
         assert!(co.cacheable(9, co.now()));
+        assert!(co.still_cacheable(9, sent_before));
     }
 
     #[test]

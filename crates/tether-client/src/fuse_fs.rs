@@ -553,7 +553,7 @@ impl TetherFs {
         let (known_attrs, counted) = (self.known_attrs.clone(), self.known_attrs.asking(node));
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Attr(a) => {
-                known_attrs.learn(node, counted, Some(&a), sent);
+                known_attrs.learn(node, counted, Some(&a), sent, &co);
                 reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
                 Ok(())
             }
@@ -764,13 +764,9 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
-        // Only when the kernel holds no lookup of the node: a LOOKUP answered just before
-        // this FORGET gave it the node again, and what that reply may be cached for depends
-        // on the node's invalidations.
         if let Some(parent) = self.known.forgotten(ino.0, nlookup) {
             self.co.forget(ino.0);
             self.prefetch.forgotten(ino.0, parent);
-            self.co.forget_file(ino.0);
             self.pages.forget(ino.0);
             self.known_attrs.forget(ino.0);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
@@ -781,8 +777,10 @@ impl Filesystem for TetherFs {
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        if let Some((a, sent)) = self.known_attrs.get(ino.0, &self.co) {
-            let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino.0, None, sent);
+        // Before the check: an invalidation after it shortens the answer's life.
+        let now = self.co.now();
+        if let Some(a) = self.known_attrs.get(ino.0, &self.co) {
+            let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino.0, None, now);
             reply.attr(&ttl, &file_attr(&a));
             return;
         }
@@ -1403,7 +1401,7 @@ impl Filesystem for TetherFs {
                 dir: dir_attr,
                 ..
             } => {
-                known_attrs.learn(dir, touch, dir_attr.as_deref(), sent);
+                known_attrs.learn(dir, touch, dir_attr.as_deref(), sent, &co);
                 co.entry_given(&entry);
                 co.created(&entry, sent);
                 co.name_made(dir, &created);

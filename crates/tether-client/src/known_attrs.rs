@@ -112,12 +112,19 @@ impl KnownAttrs {
 
     /// The request counted `counted` ([`KnownAttrs::asking`]), sent at push sequence
     /// `sent`, was answered with `attr` for `node`: kept if nothing else touched the node
-    /// meanwhile.
-    pub fn learn(&self, node: NodeId, counted: (u64, u64), attr: Option<&Attr>, sent: u64) {
+    /// meanwhile and the reply may be cached.
+    pub fn learn(
+        &self,
+        node: NodeId,
+        counted: (u64, u64),
+        attr: Option<&Attr>,
+        sent: u64,
+        co: &Coherence,
+    ) {
         let now = self.touch(node);
         let (touches, removals) = counted;
         match attr {
-            Some(a) if now == Some(touches + 1) => {
+            Some(a) if now == Some(touches + 1) && co.cacheable(node, sent) => {
                 let known = Learned {
                     attr: *a,
                     touches: touches + 1,
@@ -132,8 +139,8 @@ impl KnownAttrs {
         }
     }
 
-    /// `node`'s attributes and the push sequence they date from, if they are known.
-    pub fn get(&self, node: NodeId, co: &Coherence) -> Option<(Attr, u64)> {
+    /// `node`'s attributes, if they are known.
+    pub fn get(&self, node: NodeId, co: &Coherence) -> Option<Attr> {
         let k = self.known.get(&node)?;
         let touches = self.touches.get(&node).map(|t| *t);
         let removals = self.removals.load(Ordering::Acquire);
@@ -142,9 +149,9 @@ impl KnownAttrs {
         let is_dir = k.attr.mode & libc::S_IFMT == libc::S_IFDIR;
         if touches == Some(k.touches)
             && (is_dir || removals == k.removals)
-            && co.cacheable(node, k.sent)
+            && co.still_cacheable(node, k.sent)
         {
-            return Some((k.attr, k.sent));
+            return Some(k.attr);
         }
         drop(k);
         self.known.remove(&node);
@@ -182,8 +189,8 @@ mod tests {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable(); // the root (1) is watched
         let t = d.asking(1);
-        d.learn(1, t, attr(5).as_deref(), co.now());
-        assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(5));
+        d.learn(1, t, attr(5).as_deref(), co.now(), &co);
+        assert_eq!(d.get(1, &co).map(|a| a.size), Some(5));
         d.touching(&unlink(1));
         assert!(d.get(1, &co).is_none());
     }
@@ -196,13 +203,37 @@ mod tests {
         let unlinking = d.touching(&unlink(1)).unwrap();
         let t = d.asking(1);
         unlinking.answered();
-        d.learn(1, t, attr(5).as_deref(), co.now());
+        d.learn(1, t, attr(5).as_deref(), co.now(), &co);
         assert!(d.get(1, &co).is_none());
         // Two creations in flight at once: neither reply is trusted.
         let (t1, t2) = (d.asking(1), d.asking(1));
-        d.learn(1, t1, attr(6).as_deref(), co.now());
-        d.learn(1, t2, attr(7).as_deref(), co.now());
+        d.learn(1, t1, attr(6).as_deref(), co.now(), &co);
+        d.learn(1, t2, attr(7).as_deref(), co.now(), &co);
         assert!(d.get(1, &co).is_none());
+    }
+
+    /// A FORGET of another node that drops an invalidation doubts only replies on their
+    /// way at that moment (coherence.rs), not attributes learned before.
+    #[test]
+    fn a_forgotten_invalidation_doubts_replies_on_their_way_not_attributes_known() {
+        use crate::coherence::tests::push;
+        use tether_proto::Invalidation;
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable();
+        for n in [2, 3, 7] {
+            co.set_watched(n, true);
+        }
+        let t = d.asking(2);
+        d.learn(2, t, attr(5).as_deref(), co.now(), &co);
+        let (t, sent_before) = (d.asking(3), co.now());
+        push(&co, 1, &[Invalidation::Inode(7)]);
+        co.forget(7);
+        d.learn(3, t, attr(6).as_deref(), sent_before, &co);
+        assert_eq!(d.get(2, &co).map(|a| a.size), Some(5));
+        assert!(
+            d.get(3, &co).is_none(),
+            "a reply sent before the forgotten push"
+        );
     }
 
     #[test]
@@ -217,8 +248,8 @@ mod tests {
             })
         };
         let t = d.asking(1);
-        d.learn(1, t, file(3).as_ref(), co.now());
-        assert_eq!(d.get(1, &co).map(|(a, _)| a.size), Some(3));
+        d.learn(1, t, file(3).as_ref(), co.now(), &co);
+        assert_eq!(d.get(1, &co).map(|a| a.size), Some(3));
         // Data written: the block count may have changed.
         let write = Request::Write {
             node: 1,
@@ -230,7 +261,7 @@ mod tests {
         assert!(d.get(1, &co).is_none());
         // A removal of any name may change its link count (a hard link elsewhere).
         let t = d.asking(1);
-        d.learn(1, t, file(4).as_ref(), co.now());
+        d.learn(1, t, file(4).as_ref(), co.now(), &co);
         assert!(d.get(1, &co).is_some());
         d.touching(&unlink(7)).unwrap().answered();
         assert!(d.get(1, &co).is_none());
