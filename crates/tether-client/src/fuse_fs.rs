@@ -613,9 +613,21 @@ impl TetherFs {
         });
     }
 
+    /// For write and copy_file_range. A WRITE's reply may carry the file's attributes
+    /// after it (feature WRITE_ATTR), which the client keeps to answer the kernel's next
+    /// GETATTR of the file itself (known_attrs.rs).
     fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
-        self.call(req, msg, reply, |reply, r| match r {
-            Reply::Written { size } => {
+        let written = match msg {
+            Request::Write { node, .. } => Some(node),
+            _ => None,
+        };
+        let (co, sent, known_attrs) = (self.co.clone(), self.co.now(), self.known_attrs.clone());
+        let counted = written.map(|node| (node, known_attrs.asking(node)));
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Written { size, attr } => {
+                if let Some((node, counted)) = counted {
+                    known_attrs.learn(node, counted, attr.as_deref(), sent, &co);
+                }
                 reply.written(size.min(u32::MAX as u64) as u32);
                 Ok(())
             }

@@ -12,6 +12,11 @@
 //! next `grep` or `cp` of a tree, is a GETATTR round trip (warm grep 14x native). The
 //! client answers it from the last GETATTR reply about the node.
 //!
+//! Written files: after every WRITE it sends the kernel drops the file's size and times
+//! (`fuse_write_update_attr`), so the `stat` of a file just written (make's of the target
+//! its recipe wrote) is a GETATTR round trip too. With feature WRITE_ATTR the WRITE reply
+//! carries the file's attributes after the write, and the client answers that GETATTR.
+//!
 //! Either is good only while nothing else changed the node. Each request that changes a
 //! node known here (a name in a directory, its attributes, a file's data) counts once when
 //! sent and once when answered ([`KnownAttrs::touch`]); a removal or rename of any name
@@ -60,8 +65,8 @@ pub struct KnownAttrs {
 
 impl KnownAttrs {
     /// `req` is about to be sent: counts it against the nodes it changes, and returns what
-    /// counts it again when it is answered ([`Touch::answered`]). CREATE, GETATTR and
-    /// SETATTR count through [`KnownAttrs::asking`] and [`KnownAttrs::learn`] instead.
+    /// counts it again when it is answered ([`Touch::answered`]). CREATE, GETATTR, SETATTR
+    /// and WRITE count through [`KnownAttrs::asking`] and [`KnownAttrs::learn`] instead.
     pub fn touching(self: &Arc<Self>, req: &Request) -> Option<Touch> {
         use Request::*;
         let nodes = match *req {
@@ -81,10 +86,9 @@ impl KnownAttrs {
                 self.removals.fetch_add(1, Ordering::AcqRel);
                 [parent, new_parent]
             }
-            Setxattr { node, .. }
-            | Removexattr { node, .. }
-            | Write { node, .. }
-            | Fallocate { node, .. } => [node, node],
+            Setxattr { node, .. } | Removexattr { node, .. } | Fallocate { node, .. } => {
+                [node, node]
+            }
             CopyFileRange { node_out, .. } => [node_out, node_out],
             _ => return None,
         };
@@ -99,8 +103,8 @@ impl KnownAttrs {
         Some(*t)
     }
 
-    /// A request whose reply tells `node`'s attributes is about to be sent (a GETATTR or
-    /// SETATTR of it, a CREATE in it): counts it against the node, and returns the node's
+    /// A request whose reply tells `node`'s attributes is about to be sent (a GETATTR,
+    /// SETATTR or WRITE of it, a CREATE in it): counts it against the node, and returns the node's
     /// touch count and the removals count, for [`KnownAttrs::learn`]. A request that fails
     /// is never counted again, which leaves nothing known of the node until the next one.
     pub fn asking(&self, node: NodeId) -> (u64, u64) {
@@ -237,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_files_attributes_are_kept_until_it_is_written_or_any_name_is_removed() {
+    fn a_files_attributes_follow_its_writes_until_any_name_is_removed() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();
         let file = |size| {
@@ -250,14 +254,25 @@ mod tests {
         let t = d.asking(1);
         d.learn(1, t, file(3).as_ref(), co.now(), &co);
         assert_eq!(d.get(1, &co).map(|a| a.size), Some(3));
-        // Data written: the block count may have changed.
+        // Data written: a WRITE reply with the attributes after it (WRITE_ATTR) replaces
+        // them; one without (a server that does not send them) leaves nothing known.
         let write = Request::Write {
             node: 1,
             fh: 0,
             offset: 0,
             data: Bytes::from_static(b"more"),
         };
-        d.touching(&write).unwrap().answered();
+        assert!(d.touching(&write).is_none(), "WRITE counts through asking");
+        let t = d.asking(1);
+        d.learn(1, t, file(7).as_ref(), co.now(), &co);
+        assert_eq!(d.get(1, &co).map(|a| a.size), Some(7));
+        let t = d.asking(1);
+        d.learn(1, t, None, co.now(), &co);
+        assert!(d.get(1, &co).is_none());
+        // Two WRITEs on their way at once: neither reply tells the state after both.
+        let (t1, t2) = (d.asking(1), d.asking(1));
+        d.learn(1, t1, file(8).as_ref(), co.now(), &co);
+        d.learn(1, t2, file(9).as_ref(), co.now(), &co);
         assert!(d.get(1, &co).is_none());
         // A removal of any name may change its link count (a hard link elsewhere).
         let t = d.asking(1);

@@ -389,6 +389,7 @@ impl Connection {
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
                 | features::DIR_ATTR
+                | features::WRITE_ATTR
                 | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
                     (Some(_), events) => {

@@ -71,7 +71,7 @@ fn create_write_read_list_rename_unlink() {
         panic!("not a create reply")
     };
     assert_eq!(entry.attr.mode & 0o777, 0o644);
-    let Reply::Written { size } = call(
+    let Reply::Written { size, .. } = call(
         &s,
         Request::Write {
             node: entry.node,

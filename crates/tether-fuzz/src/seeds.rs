@@ -309,8 +309,20 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
         (Op::Ping, Ok(Reply::Empty)),
         (Op::Open, Ok(Reply::Open { fh: 2, flags: 1 })),
         (Op::Opendir, Ok(Reply::Open { fh: 3, flags: 0 })),
-        (Op::Write, Ok(Reply::Written { size: 12 })),
-        (Op::CopyFileRange, Ok(Reply::Written { size: 100 })),
+        (
+            Op::Write,
+            Ok(Reply::Written {
+                size: 12,
+                attr: None,
+            }),
+        ),
+        (
+            Op::CopyFileRange,
+            Ok(Reply::Written {
+                size: 100,
+                attr: None,
+            }),
+        ),
         (
             Op::Statfs,
             Ok(Reply::Statfs(Statfs {

@@ -32,6 +32,11 @@ pub mod features {
     /// file by node (`IO_BY_NODE`), so it has no handle to release. Granted only with
     /// `PUSH_INVALIDATE` (a client without it keeps files open by handle).
     pub const CREATE_NO_HANDLE: u64 = 1 << 4;
+    /// WRITE replies carry the file's attributes right after the write, so the client can
+    /// answer the kernel's next GETATTR of it (the kernel drops a file's size and times
+    /// after every write it sends) itself: the `stat` of a file just written, make's of
+    /// the target its recipe wrote.
+    pub const WRITE_ATTR: u64 = 1 << 5;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

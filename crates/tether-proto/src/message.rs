@@ -535,6 +535,10 @@ pub enum Reply {
     /// write, copy_file_range
     Written {
         size: u64,
+        /// The file's attributes right after a WRITE: only when feature `WRITE_ATTR` was
+        /// granted (then always, for WRITE; never for copy_file_range), encoded after
+        /// `size`. Boxed: it would double the size of every `Reply`.
+        attr: Option<Box<Attr>>,
     },
     Statfs(Statfs),
     /// getxattr, listxattr: the size (when asked with size 0) or the value.
@@ -1309,8 +1313,11 @@ impl Reply {
             Reply::Open { fh, flags } => {
                 e.u64(*fh).u32(*flags);
             }
-            Reply::Written { size } => {
+            Reply::Written { size, attr } => {
                 e.u64(*size);
+                if let Some(a) = attr {
+                    a.encode(e);
+                }
             }
             Reply::Statfs(s) => {
                 e.u64(s.blocks)
@@ -1394,7 +1401,14 @@ impl Reply {
                 fh: d.u64()?,
                 flags: d.u32()?,
             },
-            Op::Write | Op::CopyFileRange => Reply::Written { size: d.u64()? },
+            Op::Write | Op::CopyFileRange => Reply::Written {
+                size: d.u64()?,
+                attr: if d.remaining() > 0 {
+                    Some(Box::new(Attr::decode(&mut d)?))
+                } else {
+                    None
+                },
+            },
             Op::Statfs => Reply::Statfs(Statfs {
                 blocks: d.u64()?,
                 bfree: d.u64()?,

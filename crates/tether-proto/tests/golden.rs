@@ -1817,7 +1817,10 @@ fn reply_cases() -> Vec<ReplyCase> {
             name: format!("{op:?} written"),
             op,
             id: 42,
-            result: Ok(Reply::Written { size: 5 }),
+            result: Ok(Reply::Written {
+                size: 5,
+                attr: None,
+            }),
             expected: [
                 &[0x18, 0, 0, 0][..],         // len: 24
                 &[2],                         // kind: reply
@@ -1830,6 +1833,26 @@ fn reply_cases() -> Vec<ReplyCase> {
             .concat(),
         });
     }
+    cases.push(ReplyCase {
+        name: "write with the file's attributes (WRITE_ATTR)".into(),
+        op: Op::Write,
+        id: 42,
+        result: Ok(Reply::Written {
+            size: 5,
+            attr: Some(Box::new(attr())),
+        }),
+        expected: [
+            &[0x78, 0, 0, 0][..],         // len: 120
+            &[2],                         // kind: reply
+            &[0],                         // flags
+            &[24, 0],                     // op: 24 write
+            &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+            &[0, 0, 0, 0],                // status: ok
+            &[5, 0, 0, 0, 0, 0, 0, 0],    // size 5
+            &ATTR_BYTES,                  // the file's attributes (96 bytes)
+        ]
+        .concat(),
+    });
     for (op, code) in [(Op::Getxattr, [29, 0]), (Op::Listxattr, [30, 0])] {
         cases.push(ReplyCase {
             name: format!("{op:?} size"),
@@ -2040,6 +2063,7 @@ fn wire_constants() {
     assert_eq!(features::HOST_EVENTS, 4);
     assert_eq!(features::DIR_ATTR, 8);
     assert_eq!(features::CREATE_NO_HANDLE, 16);
+    assert_eq!(features::WRITE_ATTR, 32);
     assert_eq!(open_flags::KEEP_CACHE, 1);
     assert_eq!(open_flags::DIRECT_IO, 2);
     assert_eq!(
@@ -2173,9 +2197,10 @@ fn every_truncation_is_reported_as_truncated() {
         let body = body_of(&c.expected);
         for n in 0..body.len() {
             let r = Reply::decode(c.op as u16, Bytes::copy_from_slice(&body[..n]));
-            if let Ok(Ok(Reply::Create { dir: None, .. })) = &r {
-                // A CREATE reply cut right before the directory's attributes (DIR_ATTR) is
-                // a whole reply without them.
+            if let Ok(Ok(Reply::Create { dir: None, .. } | Reply::Written { attr: None, .. })) = &r
+            {
+                // A CREATE or WRITE reply cut right before the attributes it carries
+                // (DIR_ATTR, WRITE_ATTR) is a whole reply without them.
                 assert_eq!(n, body.len() - Attr::WIRE_LEN, "{}", c.name);
                 continue;
             }
@@ -2263,9 +2288,9 @@ fn trailing_bytes_are_refused() {
         let mut body = body_of(&c.expected).to_vec();
         body.push(0);
         let r = Reply::decode(c.op as u16, Bytes::from(body));
-        if let Ok(Reply::Create { dir: None, .. }) = &c.result {
-            // Bytes after a CREATE reply's fields are the directory's attributes (DIR_ATTR):
-            // one byte of them is a truncated Attr.
+        if let Ok(Reply::Create { dir: None, .. } | Reply::Written { attr: None, .. }) = &c.result {
+            // Bytes after a CREATE or WRITE reply's fields are attributes (DIR_ATTR,
+            // WRITE_ATTR): one byte of them is a truncated Attr.
             assert!(
                 matches!(r, Err(DecodeError::Truncated { .. })),
                 "{}: {r:?}",

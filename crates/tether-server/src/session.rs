@@ -134,7 +134,8 @@ pub fn run_session(
         }
     };
     let watch = fs.watching();
-    let mut granted = hello.features & (features::IO_BY_NODE | features::DIR_ATTR);
+    let mut granted =
+        hello.features & (features::IO_BY_NODE | features::DIR_ATTR | features::WRITE_ATTR);
     if watch {
         granted |= features::PUSH_INVALIDATE;
         if fs.host_events {
@@ -143,6 +144,7 @@ pub fn run_session(
         granted |= hello.features & features::CREATE_NO_HANDLE;
     }
     fs.dir_attr = granted & features::DIR_ATTR != 0;
+    fs.write_attr = granted & features::WRITE_ATTR != 0;
     fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
     let fs = Arc::new(fs);
     let terms = HelloReply {

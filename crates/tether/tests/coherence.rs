@@ -5,6 +5,7 @@
 mod common;
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -811,6 +812,55 @@ fn a_listing_never_hides_a_change_made_through_the_mount() {
         30,
         "a listed file the guest changed through another name"
     );
+}
+
+/// After every write the kernel asks for the file's size and times again: the WRITE reply
+/// carries them (WRITE_ATTR) and the client answers (known_attrs.rs). What the guest sees
+/// must be the host's, and a host change after the write must still show.
+#[test]
+fn a_files_attributes_after_a_write_are_known_without_asking() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let files: Vec<_> = (0..20).map(|i| t.mnt.join(format!("f{i}"))).collect();
+    for f in &files {
+        fs::write(f, b"first").unwrap();
+    }
+    let before = status(&t.mnt);
+    for (i, f) in files.iter().enumerate() {
+        let mut w = fs::OpenOptions::new().append(true).open(f).unwrap();
+        w.write_all(&vec![b'x'; 1000 + i]).unwrap();
+        drop(w);
+        let (g, h) = (
+            fs::metadata(f).unwrap(),
+            fs::metadata(t.export.join(format!("f{i}"))).unwrap(),
+        );
+        let key = |m: &fs::Metadata| {
+            (
+                m.len(),
+                m.blocks(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+            )
+        };
+        assert_eq!(key(&g), key(&h), "f{i} after a write through the mount");
+        assert_eq!(g.len(), 1005 + i as u64);
+    }
+    let after = status(&t.mnt);
+    let count = |op: &str| sent(&after, op) - sent(&before, op);
+    assert_eq!(count("WRITE"), 20, "{after}");
+    assert!(
+        count("GETATTR") <= 2,
+        "{} GETATTRs for the stat of 20 files just written",
+        count("GETATTR")
+    );
+    // A host change after the write: the attributes the WRITE brought are stale.
+    std::thread::sleep(Duration::from_millis(20)); // a visibly later time
+    fs::write(t.export.join("f3"), b"host").unwrap();
+    visible("the host's size after a guest write", || {
+        fs::metadata(&files[3]).unwrap().len() == 4
+    });
 }
 
 /// After each creation the kernel asks for the directory's attributes again: the CREATE

@@ -61,8 +61,10 @@ impl LoggedServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let text = server.log_text();
-            if let Some(line) = text.lines().find(|l| l.contains("tether: serving")) {
-                server.address = line.rsplit(" on ").next().unwrap().to_string();
+            // A whole line only: the log may be read while the server writes it.
+            let whole = |l: &&str| l.ends_with('\n') && l.contains("tether: serving");
+            if let Some(line) = text.split_inclusive('\n').find(whole) {
+                server.address = line.trim_end().rsplit(" on ").next().unwrap().to_string();
                 server.address = server.address.trim_end_matches(" (read-only)").to_string();
                 return server;
             }

@@ -38,6 +38,8 @@ pub struct ExportFs {
     pub host_events: bool,
     /// CREATE replies carry the parent directory's attributes (feature DIR_ATTR).
     pub dir_attr: bool,
+    /// WRITE replies carry the file's attributes (feature WRITE_ATTR).
+    pub write_attr: bool,
     /// CREATE opens no handle (feature CREATE_NO_HANDLE).
     pub create_no_handle: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
@@ -124,6 +126,7 @@ impl ExportFs {
             next_handle: AtomicU64::new(1),
             host_events: host_events && watcher.is_some(),
             dir_attr: false,
+            write_attr: false,
             create_no_handle: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
@@ -821,8 +824,16 @@ impl ExportFs {
                     },
                     |before, &written| before.max(offset + written as u64),
                 )?;
+                // After the write: the kernel drops the file's size and times and asks for
+                // them again at the next stat.
+                let attr = self
+                    .write_attr
+                    .then(|| sys::fstat(f.as_fd()).ok())
+                    .flatten()
+                    .map(|st| Box::new(self.attr_of(&st, node)));
                 Ok(Reply::Written {
                     size: written as u64,
+                    attr,
                 })
             }
             Statfs { node } => {
@@ -1005,7 +1016,10 @@ impl ExportFs {
                     || sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len),
                     |before, &n| before.max(offset_out + n),
                 )?;
-                Ok(Reply::Written { size: n })
+                Ok(Reply::Written {
+                    size: n,
+                    attr: None,
+                })
             }
         }
     }
