@@ -72,7 +72,7 @@ pub struct TetherFs {
     /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
-    /// Attributes from CREATE, GETATTR and SETATTR replies (known_attrs.rs).
+    /// Attributes from CREATE, GETATTR, SETATTR and WRITE replies (known_attrs.rs).
     known_attrs: Arc<KnownAttrs>,
     /// Lists a cold walk's directories through the mount, into the kernel's dentry cache
     /// (prefetch.rs).

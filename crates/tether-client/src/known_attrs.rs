@@ -104,8 +104,8 @@ impl KnownAttrs {
     }
 
     /// A request whose reply tells `node`'s attributes is about to be sent (a GETATTR,
-    /// SETATTR or WRITE of it, a CREATE in it): counts it against the node, and returns the node's
-    /// touch count and the removals count, for [`KnownAttrs::learn`]. A request that fails
+    /// SETATTR or WRITE of it, a CREATE in it): counts it against the node, and returns the
+    /// node's touch count and the removals count, for [`KnownAttrs::learn`]. A request that fails
     /// is never counted again, which leaves nothing known of the node until the next one.
     pub fn asking(&self, node: NodeId) -> (u64, u64) {
         let removals = self.removals.load(Ordering::Acquire);

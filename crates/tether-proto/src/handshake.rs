@@ -35,7 +35,8 @@ pub mod features {
     /// WRITE replies carry the file's attributes right after the write, so the client can
     /// answer the kernel's next GETATTR of it (the kernel drops a file's size and times
     /// after every write it sends) itself: the `stat` of a file just written, make's of
-    /// the target its recipe wrote.
+    /// the target its recipe wrote. Granted only with `PUSH_INVALIDATE`: only then may the
+    /// client keep them.
     pub const WRITE_ATTR: u64 = 1 << 5;
 }
 

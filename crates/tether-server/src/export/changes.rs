@@ -400,6 +400,45 @@ mod tests {
         );
     }
 
+    /// WRITE_ATTR: the reply carries the state after the write, the one the echo check read
+    /// (its size and ctime are the host's), and the write's echo is not pushed.
+    #[test]
+    fn a_write_reply_carries_the_state_the_echo_check_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+        let mut fs = watched_session(dir.path());
+        fs.write_attr = true;
+        let node = lookup(&fs, b"f");
+        drain(&fs);
+        let caller = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let write = Request::Write {
+            node,
+            fh: 0,
+            offset: 8,
+            data: Bytes::from_static(b"appended"),
+        };
+        let Reply::Written { size, attr } = fs.dispatch(caller, write).unwrap() else {
+            panic!("write")
+        };
+        let host = std::fs::metadata(dir.path().join("f")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let a = attr.expect("the attributes after the write");
+        assert_eq!((size, a.size), (8, 16));
+        assert_eq!(
+            (a.ctime.sec, a.ctime.nsec),
+            (host.ctime(), host.ctime_nsec() as u32)
+        );
+        let items = drain(&fs);
+        assert!(
+            !items.contains(&Invalidation::Inode(node)),
+            "the session's own write was pushed back: {items:?}"
+        );
+    }
+
     /// Found by tether-fsx with the writeback cache: a host write in the moment between a
     /// session's own write and its look at the ctime after it (which then includes the
     /// host's write) was taken for the echo of the own write, and the guest kept its old

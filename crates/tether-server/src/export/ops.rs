@@ -261,9 +261,24 @@ impl ExportFs {
         op: impl FnOnce() -> SysResult<T>,
         size_after: impl Fn(u64, &T) -> u64,
     ) -> SysResult<T> {
-        self.own_changes_sized(vec![(node, fd)], op, |before, r| {
+        self.own_change_then_stat(node, fd, op, size_after)
+            .map(|(r, _)| r)
+    }
+
+    /// [`own_change`](Self::own_change), also returning the node's state after the change
+    /// as the echo check read it: None when this session does not watch (then nothing
+    /// reads it) or it could not be read.
+    fn own_change_then_stat<T>(
+        &self,
+        node: &Node,
+        fd: BorrowedFd<'_>,
+        op: impl FnOnce() -> SysResult<T>,
+        size_after: impl Fn(u64, &T) -> u64,
+    ) -> SysResult<(T, Option<libc::stat>)> {
+        let (r, mut after) = self.own_changes_sized(vec![(node, fd)], op, |before, r| {
             Some(size_after(before, r))
-        })
+        });
+        r.map(|r| (r, after.pop().flatten()))
     }
 
     /// [`own_change`](Self::own_change) of several nodes at once, whose sizes are not
@@ -274,38 +289,44 @@ impl ExportFs {
         nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        self.own_changes_sized(nodes, op, |_, _| None)
+        self.own_changes_sized(nodes, op, |_, _| None).0
     }
 
     /// The two above: `size_after` gives the size a change of one node must leave, if it
-    /// can tell.
+    /// can tell. Also returns the nodes' states read after the change (in node order),
+    /// which the caller may reply with: empty when this session does not watch.
     fn own_changes_sized<T>(
         &self,
         mut nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
         size_after: impl Fn(u64, &T) -> Option<u64>,
-    ) -> SysResult<T> {
+    ) -> (SysResult<T>, Vec<Option<libc::stat>>) {
         if self.watcher.is_none() {
-            return op();
+            return (op(), Vec::new());
         }
         nodes.sort_by_key(|(n, _)| n.id);
         nodes.dedup_by_key(|(n, _)| n.id);
-        let state =
-            |fd| sys::fstat(fd).map(|st| ((st.st_ctime, st.st_ctime_nsec), st.st_size as u64));
+        let ctime = |st: &libc::stat| (st.st_ctime, st.st_ctime_nsec);
         let mut held: Vec<_> = nodes
             .iter()
-            .map(|(n, fd)| (n.id, n.synced_ctime.lock().unwrap(), state(*fd), *fd))
+            .map(|(n, fd)| (n.id, n.synced_ctime.lock().unwrap(), sys::fstat(*fd), *fd))
             .collect();
         let r = op();
+        let mut states = Vec::with_capacity(held.len());
         for (id, synced, before, fd) in &mut held {
-            let Ok((ctime, size)) = *before else { continue };
-            if ctime != **synced {
-                continue;
-            }
-            let Ok((after, size_now)) = state(*fd) else {
+            let after = sys::fstat(*fd).ok();
+            states.push(after);
+            let (Ok(before), Some(after)) = (before, after) else {
                 continue;
             };
-            let expected = r.as_ref().ok().and_then(|v| size_after(size, v));
+            if ctime(before) != **synced {
+                continue;
+            }
+            let size_now = after.st_size as u64;
+            let expected = r
+                .as_ref()
+                .ok()
+                .and_then(|v| size_after(before.st_size as u64, v));
             if expected.is_some_and(|s| s != size_now) {
                 tracing::debug!(
                     node = *id,
@@ -315,9 +336,9 @@ impl ExportFs {
                 );
                 continue;
             }
-            **synced = after;
+            **synced = ctime(&after);
         }
-        r
+        (r, states)
     }
 
     /// The node the client holds for the file `name` in `dir`, if any.
@@ -806,7 +827,7 @@ impl ExportFs {
                 let n = self.nodes.get(node)?;
                 let h = self.file_for(node, fh, libc::O_WRONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
-                let written = self.own_change(
+                let (written, after) = self.own_change_then_stat(
                     &n,
                     f.as_fd(),
                     || {
@@ -824,12 +845,10 @@ impl ExportFs {
                     },
                     |before, &written| before.max(offset + written as u64),
                 )?;
-                // After the write: the kernel drops the file's size and times and asks for
-                // them again at the next stat.
-                let attr = self
-                    .write_attr
-                    .then(|| sys::fstat(f.as_fd()).ok())
-                    .flatten()
+                // After the write (as the echo check read it): the kernel drops the file's
+                // size and times and asks for them again at the next stat.
+                let attr = after
+                    .filter(|_| self.write_attr)
                     .map(|st| Box::new(self.attr_of(&st, node)));
                 Ok(Reply::Written {
                     size: written as u64,
