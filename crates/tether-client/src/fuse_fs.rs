@@ -385,12 +385,18 @@ impl TetherFs {
         let mkdir = matches!(msg, Request::Mkdir { .. });
         self.send(req, &msg, move |res: ReplyResult| match res {
             Ok(Reply::Entry(e)) => {
-                co.entry_given(&e); // first: whether it is watched decides what follows
+                // First: whether it is watched decides what follows.
+                let record = || {
+                    co.entry_given(&e);
+                    true
+                };
                 if let Some(name) = entry_name {
-                    known.seen(parent, &name, e.node);
+                    known.given(parent, &name, e.node, record);
                     if made {
                         co.name_made(parent, &name);
                     }
+                } else {
+                    record();
                 }
                 if mkdir {
                     co.dir_made(&e, sent);
@@ -493,8 +499,10 @@ impl TetherFs {
         self.conn
             .call(who, &msg, move |res: ReplyResult| match res {
                 Ok(Reply::Entry(e)) if e.node == node => {
-                    co.entry_given(&e);
-                    known.seen(dir, &name, e.node);
+                    known.given(dir, &name, e.node, || {
+                        co.entry_given(&e);
+                        true
+                    });
                     let attr = file_attr(&e.attr);
                     reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
                 }
@@ -776,7 +784,7 @@ impl Filesystem for TetherFs {
                 nodes: vec![(ino.0, nlookup)],
             },
         );
-        if let Some(parent) = self.known.forgotten(ino.0, nlookup) {
+        self.known.forgotten(ino.0, nlookup, |parent| {
             self.co.forget(ino.0);
             self.prefetch.forgotten(ino.0, parent);
             self.pages.forget(ino.0);
@@ -785,7 +793,7 @@ impl Filesystem for TetherFs {
             if let Some(l) = &self.locks {
                 l.forgotten(ino.0);
             }
-        }
+        });
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -1222,23 +1230,29 @@ impl Filesystem for TetherFs {
                         ..Entry::default()
                     });
                     if !full {
-                        if e.entry.is_some() {
-                            co.entry_given(&entry);
-                        }
-                        let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
-                        full = reply.add(
-                            INodeNo(entry.node),
-                            e.offset,
-                            OsStr::from_bytes(&e.name),
-                            &ttl,
-                            &file_attr(&entry.attr),
-                            Generation(entry.generation),
-                        );
-                        if !full {
-                            fitted += fuse_dirent_size(e.name.len(), true);
+                        // Returns whether the kernel got a lookup of the entry.
+                        let mut give = || {
                             if e.entry.is_some() {
-                                known.seen(dir, &e.name, entry.node);
+                                co.entry_given(&entry);
                             }
+                            let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
+                            full = reply.add(
+                                INodeNo(entry.node),
+                                e.offset,
+                                OsStr::from_bytes(&e.name),
+                                &ttl,
+                                &file_attr(&entry.attr),
+                                Generation(entry.generation),
+                            );
+                            if !full {
+                                fitted += fuse_dirent_size(e.name.len(), true);
+                            }
+                            !full && e.entry.is_some()
+                        };
+                        if e.entry.is_some() {
+                            known.given(dir, &e.name, entry.node, give);
+                        } else {
+                            give();
                         }
                     }
                     // The server counted a lookup for each entry it sent; give back the ones
@@ -1414,10 +1428,12 @@ impl Filesystem for TetherFs {
                 ..
             } => {
                 known_attrs.learn(dir, touch, dir_attr.as_deref(), sent, &co);
-                co.entry_given(&entry);
-                co.created(&entry, sent);
+                known.given(dir, &created, entry.node, || {
+                    co.entry_given(&entry);
+                    co.created(&entry, sent);
+                    true
+                });
                 co.name_made(dir, &created);
-                known.seen(dir, &created, entry.node);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 let keep = if co.cacheable(entry.node, sent) {
                     FopenFlags::FOPEN_KEEP_CACHE

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -36,10 +36,17 @@ pub struct OpenHandle {
     pub dir: bool,
 }
 
+/// How many locks `Known` shares out among nodes.
+const NODE_LOCKS: usize = 32;
+
 /// The nodes and handles the kernel holds, as a reconnect needs them.
 #[derive(Default)]
 pub struct Known {
     places: DashMap<NodeId, Place>,
+    /// Each node's lookup given to the kernel, counted together with what the client
+    /// records about it, and the drop of its last lookup together with what the client
+    /// forgets then (see [`Known::given`]). By node number, modulo.
+    node_locks: [Mutex<()>; NODE_LOCKS],
     /// (parent, hash of name) -> node, to follow renames made through the mount. A hash
     /// collision only loses track of a renamed node (it is then lost at a reconnect).
     by_name: DashMap<(NodeId, u64), NodeId>,
@@ -53,9 +60,31 @@ fn name_key(parent: NodeId, name: &[u8]) -> (NodeId, u64) {
 }
 
 impl Known {
-    /// The kernel was given `node` as `name` in `parent` (one more lookup it holds).
-    pub fn seen(&self, parent: NodeId, name: &[u8], node: NodeId) {
-        self.place(parent, name, node, 1);
+    fn lock(&self, node: NodeId) -> MutexGuard<'_, ()> {
+        let lock = &self.node_locks[(node % NODE_LOCKS as u64) as usize];
+        lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The kernel is given `node` as `name` in `parent`: `record` notes what the client
+    /// keeps about it and returns whether the kernel got it, and if so one more lookup is
+    /// counted. Both under the node's lock, which [`Known::forgotten`] takes too: the
+    /// kernel may drop an inode (FORGET) while a LOOKUP gives it the same node again, and
+    /// a FORGET handled between `record` and the count would erase what `record` kept
+    /// about the new inode. (The writeback cache's fixer then no longer knew the kernel
+    /// held the file, and the kernel kept a host-changed file's old size for good.)
+    pub fn given(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        node: NodeId,
+        record: impl FnOnce() -> bool,
+    ) -> bool {
+        let _node = self.lock(node);
+        let got = record();
+        if got {
+            self.place(parent, name, node, 1);
+        }
+        got
     }
 
     /// Where `node` was last seen: (parent, name).
@@ -131,9 +160,11 @@ impl Known {
         }
     }
 
-    /// The kernel dropped `lookups` of its lookups of `node`. If it holds none now: `Some`,
-    /// with the directory `node` was last seen in, if known.
-    pub fn forgotten(&self, node: NodeId, lookups: u64) -> Option<Option<NodeId>> {
+    /// The kernel dropped `lookups` of its lookups of `node`. If it holds none now,
+    /// `forget` drops what the client keeps about it, given the directory `node` was last
+    /// seen in, if known; under the node's lock (see [`Known::given`]).
+    pub fn forgotten(&self, node: NodeId, lookups: u64, forget: impl FnOnce(Option<NodeId>)) {
+        let _node = self.lock(node);
         let gone = self.places.remove_if_mut(&node, |_, p| {
             p.lookups = p.lookups.saturating_sub(lookups);
             p.lookups == 0
@@ -142,9 +173,10 @@ impl Known {
             Some((_, p)) => {
                 self.by_name
                     .remove_if(&name_key(p.parent, &p.name), |_, n| *n == node);
-                Some(Some(p.parent))
+                forget(Some(p.parent));
             }
-            None => (!self.places.contains_key(&node)).then_some(None),
+            None if !self.places.contains_key(&node) => forget(None),
+            None => {}
         }
     }
 
@@ -247,7 +279,7 @@ impl Restore {
         }
         // Requests for lost nodes get ESTALE from the server, which never heard of them.
         for node in &lost {
-            self.known.forgotten(*node, u64::MAX);
+            self.known.forgotten(*node, u64::MAX, |_| {});
         }
         Ok(lost.len())
     }
@@ -367,5 +399,54 @@ impl Restorer for Restore {
              lock(s) were gone"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    /// The interleaving that lost the writeback fixer's record of a file (fsx, about one
+    /// run in 100 on a loaded machine): the kernel dropped an inode and looked the same
+    /// node up again; the LOOKUP's reply recorded the new inode, then the old inode's
+    /// FORGET, handled on another thread before the reply counted its lookup, erased it.
+    /// A FORGET must wait for a lookup being given: its count then keeps the node known,
+    /// and what was recorded stays.
+    #[test]
+    fn a_forget_racing_a_lookup_of_the_same_node_keeps_what_the_lookup_recorded() {
+        let known = Arc::new(Known::default());
+        let node = 7;
+        known.given(1, b"f", node, || true); // the inode the kernel is about to drop
+        let recorded = Arc::new(Mutex::new(HashSet::new()));
+        let (recording, forget_now) = channel();
+        let giver = {
+            let (known, recorded) = (known.clone(), recorded.clone());
+            std::thread::spawn(move || {
+                known.given(1, b"f", node, || {
+                    recorded.lock().unwrap().insert(node);
+                    recording.send(()).unwrap();
+                    // Room for the FORGET to run in between, if nothing stops it.
+                    std::thread::sleep(Duration::from_millis(100));
+                    true
+                })
+            })
+        };
+        forget_now.recv().unwrap();
+        known.forgotten(node, 1, |_| {
+            recorded.lock().unwrap().remove(&node);
+        });
+        assert!(giver.join().unwrap());
+        assert!(
+            recorded.lock().unwrap().contains(&node),
+            "the FORGET of the old inode erased what the new lookup recorded"
+        );
+        assert_eq!(known.counts().0, 1, "the new lookup is still counted");
+        // Its own FORGET does drop it.
+        known.forgotten(node, 1, |_| {
+            recorded.lock().unwrap().remove(&node);
+        });
+        assert!(recorded.lock().unwrap().is_empty());
+        assert_eq!(known.counts().0, 0);
     }
 }
