@@ -26,7 +26,8 @@ pub mod features {
     /// client can raise inotify events in the guest. Requires `PUSH_INVALIDATE`.
     pub const HOST_EVENTS: u64 = 1 << 2;
     /// CREATE replies carry the parent directory's attributes after the creation, so the
-    /// client can answer the kernel's next GETATTR of that directory itself.
+    /// client can answer the kernel's next GETATTR of that directory itself. Granted only
+    /// with `PUSH_INVALIDATE`: only then may the client keep them.
     pub const DIR_ATTR: u64 = 1 << 3;
     /// CREATE opens no handle: its reply's `fh` is 0 and the client does I/O on the new
     /// file by node (`IO_BY_NODE`), so it has no handle to release. Granted only with

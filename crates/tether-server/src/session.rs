@@ -134,16 +134,17 @@ pub fn run_session(
         }
     };
     let watch = fs.watching();
-    let mut granted = hello.features & (features::IO_BY_NODE | features::DIR_ATTR);
+    let mut granted = hello.features & features::IO_BY_NODE;
     if watch {
         granted |= features::PUSH_INVALIDATE;
         if fs.host_events {
             granted |= features::HOST_EVENTS;
         }
-        // Attributes after a write serve only a client that may cache them (pushed
-        // invalidations), and come from the echo check's read, which only a watching
-        // session makes.
-        granted |= hello.features & (features::CREATE_NO_HANDLE | features::WRITE_ATTR);
+        // Attributes after a creation or a write serve only a client that may cache them
+        // (pushed invalidations); a write's come from the echo check's read, which only a
+        // watching session makes.
+        granted |= hello.features
+            & (features::CREATE_NO_HANDLE | features::DIR_ATTR | features::WRITE_ATTR);
     }
     fs.dir_attr = granted & features::DIR_ATTR != 0;
     fs.write_attr = granted & features::WRITE_ATTR != 0;

@@ -16,9 +16,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{TestMount, TETHER};
-use tether_client::rpc::ConnectOptions;
+use tether_client::rpc::{ConnectOptions, PushHandler};
 use tether_client::Connection;
 use tether_proto::auth::{self, Role};
+use tether_proto::handshake::features;
 use tether_proto::{
     Caller, FrameKind, Hello, HelloReply, Op, Reply, Request, WireErrno, MAGIC, MAX_FRAME_LEN,
     PROTOCOL_VERSION, ROOT_NODE,
@@ -828,6 +829,28 @@ fn connections_beyond_the_session_limit_are_refused_until_one_ends() {
         );
         thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Attributes in replies (DIR_ATTR, WRITE_ATTR) and creation without a handle serve only a
+/// client that may keep what it is told, one that takes pushed invalidations: a client
+/// without them is not granted them, so the server makes no `fstat` for nothing after each
+/// creation and write.
+#[test]
+fn reply_attributes_are_granted_only_with_pushed_invalidations() {
+    let dir = open_tempdir();
+    let server = unix_server(&dir, &[]);
+    let granted = |pushes: bool| {
+        let on_push: Option<PushHandler> = pushes.then(|| Box::new(|_, _| {}) as PushHandler);
+        let stream = tether_transport::connect(&server.addr()).unwrap();
+        let conn = Connection::start(stream, "features", on_push, false).expect("handshake");
+        let f = conn.hello.features;
+        conn.shut_down();
+        f
+    };
+    let keepers = features::DIR_ATTR | features::WRITE_ATTR | features::CREATE_NO_HANDLE;
+    let with_pushes = keepers | features::PUSH_INVALIDATE;
+    assert_eq!(granted(false) & with_pushes, 0);
+    assert_eq!(granted(true) & with_pushes, with_pushes);
 }
 
 #[test]
