@@ -162,6 +162,14 @@ impl KnownAttrs {
         None
     }
 
+    /// What is known of `node` may be out of date although no invalidation said so yet (a
+    /// lock on it was just granted, and the last holder may have written it elsewhere a
+    /// moment ago): forgotten, and replies already on their way are not kept.
+    pub fn distrust(&self, node: NodeId) {
+        self.touch(node);
+        self.known.remove(&node);
+    }
+
     /// The kernel forgot `node`.
     pub fn forget(&self, node: NodeId) {
         self.touches.remove(&node);
@@ -197,6 +205,29 @@ mod tests {
         assert_eq!(d.get(1, &co).map(|a| a.size), Some(5));
         d.touching(&unlink(1));
         assert!(d.get(1, &co).is_none());
+    }
+
+    /// A lock just granted (locks.rs) distrusts what is known: the last holder may have
+    /// written the file elsewhere, and its invalidation may still be on its way. A reply
+    /// already on its way then is not kept either.
+    #[test]
+    fn a_distrusted_node_has_nothing_known_and_keeps_no_reply_on_its_way() {
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable();
+        co.set_watched(2, true);
+        let t = d.asking(2);
+        d.learn(2, t, attr(1).as_deref(), co.now(), &co);
+        assert_eq!(d.get(2, &co).map(|a| a.size), Some(1));
+        d.distrust(2);
+        assert!(d.get(2, &co).is_none());
+        let on_its_way = d.asking(2);
+        d.distrust(2);
+        d.learn(2, on_its_way, attr(1).as_deref(), co.now(), &co);
+        assert!(d.get(2, &co).is_none());
+        // The next request's reply is kept again.
+        let t = d.asking(2);
+        d.learn(2, t, attr(2).as_deref(), co.now(), &co);
+        assert_eq!(d.get(2, &co).map(|a| a.size), Some(2));
     }
 
     #[test]
