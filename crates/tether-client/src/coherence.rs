@@ -360,7 +360,7 @@ impl Coherence {
             }
         };
         // Local sequence numbers: a new connection's pushes count from 1 again.
-        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let seq = self.next_seq();
         for item in &push.items {
             match item {
                 Invalidation::Inode(n) | Invalidation::Entry { parent: n, .. } => {
@@ -372,6 +372,21 @@ impl Coherence {
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
         let _ = self.queue.send(push);
+    }
+
+    /// A new local sequence number, for a push or a distrust.
+    fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// What the client kept about `node`, and replies about it already on their way, may
+    /// be out of date although no push said so yet: a lock on it was just granted, and the
+    /// last holder may have written it elsewhere a moment ago (locks.rs). Treated as
+    /// invalidated now, as by a push; the caller drops the kernel's copy itself.
+    pub fn distrust(&self, node: NodeId) {
+        let seq = self.next_seq();
+        self.invalidated.insert(node, seq);
+        self.last_push.fetch_max(seq, Ordering::AcqRel);
     }
 
     /// Treats every node as invalidated at `seq`.
@@ -389,7 +404,7 @@ impl Coherence {
     /// most `wait`) until the kernel has dropped them: a request waiting for the connection
     /// may hold a page the invalidation needs, so it cannot wait for good.
     pub fn distrust_all(&self, wait: Duration) {
-        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let seq = self.next_seq();
         self.invalidate_all(seq);
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         let target = self.alls_queued.fetch_add(1, Ordering::AcqRel) + 1;

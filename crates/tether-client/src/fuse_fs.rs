@@ -123,10 +123,6 @@ impl TetherFs {
         self.prefetch.clone()
     }
 
-    pub fn known_attrs(&self) -> Arc<KnownAttrs> {
-        self.known_attrs.clone()
-    }
-
     pub fn partial_pages(&self) -> Arc<PartialPages> {
         self.pages.clone()
     }

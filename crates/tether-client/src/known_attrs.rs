@@ -162,14 +162,6 @@ impl KnownAttrs {
         None
     }
 
-    /// What is known of `node` may be out of date although no invalidation said so yet (a
-    /// lock on it was just granted, and the last holder may have written it elsewhere a
-    /// moment ago): forgotten, and replies already on their way are not kept.
-    pub fn distrust(&self, node: NodeId) {
-        self.touch(node);
-        self.known.remove(&node);
-    }
-
     /// The kernel forgot `node`.
     pub fn forget(&self, node: NodeId) {
         self.touches.remove(&node);
@@ -207,9 +199,9 @@ mod tests {
         assert!(d.get(1, &co).is_none());
     }
 
-    /// A lock just granted (locks.rs) distrusts what is known: the last holder may have
-    /// written the file elsewhere, and its invalidation may still be on its way. A reply
-    /// already on its way then is not kept either.
+    /// A lock just granted (locks.rs) distrusts the node: the last holder may have written
+    /// the file elsewhere, and its invalidation may still be on its way. Nothing known of
+    /// it stays, and a reply already on its way is neither kept nor cached by the kernel.
     #[test]
     fn a_distrusted_node_has_nothing_known_and_keeps_no_reply_on_its_way() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
@@ -218,15 +210,16 @@ mod tests {
         let t = d.asking(2);
         d.learn(2, t, attr(1).as_deref(), co.now(), &co);
         assert_eq!(d.get(2, &co).map(|a| a.size), Some(1));
-        d.distrust(2);
+        co.distrust(2);
         assert!(d.get(2, &co).is_none());
-        let on_its_way = d.asking(2);
-        d.distrust(2);
-        d.learn(2, on_its_way, attr(1).as_deref(), co.now(), &co);
+        let (on_its_way, sent_before) = (d.asking(2), co.now());
+        co.distrust(2);
+        assert!(!co.cacheable(2, sent_before));
+        d.learn(2, on_its_way, attr(1).as_deref(), sent_before, &co);
         assert!(d.get(2, &co).is_none());
         // The next request's reply is kept again.
-        let t = d.asking(2);
-        d.learn(2, t, attr(2).as_deref(), co.now(), &co);
+        let (t, sent) = (d.asking(2), co.now());
+        d.learn(2, t, attr(2).as_deref(), sent, &co);
         assert_eq!(d.get(2, &co).map(|a| a.size), Some(2));
     }
 

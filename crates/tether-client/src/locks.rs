@@ -36,7 +36,6 @@ use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrn
 
 use crate::coherence::Coherence;
 use crate::fuse_fs::errno;
-use crate::known_attrs::KnownAttrs;
 use crate::restore::Known;
 use crate::rpc::{Connection, ReplyResult};
 use crate::writeback::MountDir;
@@ -109,7 +108,6 @@ struct Attached {
     notifier: Notifier,
     known: Arc<Known>,
     co: Arc<Coherence>,
-    known_attrs: Arc<KnownAttrs>,
 }
 
 impl Locks {
@@ -154,18 +152,11 @@ impl Locks {
 
     /// The session's notifier and known nodes, once the session exists: granted locks
     /// revalidate the cache.
-    pub fn attach(
-        &self,
-        notifier: Notifier,
-        known: Arc<Known>,
-        co: Arc<Coherence>,
-        known_attrs: Arc<KnownAttrs>,
-    ) {
+    pub fn attach(&self, notifier: Notifier, known: Arc<Known>, co: Arc<Coherence>) {
         let _ = self.session.set(Attached {
             notifier,
             known,
             co,
-            known_attrs,
         });
     }
 
@@ -466,10 +457,11 @@ impl LockThread {
         let Some(s) = self.session.get() else {
             return;
         };
-        // The client's own record too: else it would answer the kernel's next GETATTR with
-        // the size it knew, and the locker would read only that far (the size this mount's
-        // own last write left, before the other holder's longer one).
-        s.known_attrs.distrust(node);
+        // The client's own records too, and replies on their way: else it could answer the
+        // kernel's next GETATTR with the size it knew (known_attrs.rs), and the locker would
+        // read only that far (the size this mount's own last write left, before the other
+        // holder's longer one).
+        s.co.distrust(node);
         let _ = s.notifier.inval_inode(INodeNo(node), 0, 0);
         if let Some(f) = s.co.fixer() {
             // With the writeback cache the kernel keeps its own size: a holder reading only

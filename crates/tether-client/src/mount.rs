@@ -189,7 +189,6 @@ impl Mounted {
         let known = fs.known();
         let pages = fs.partial_pages();
         let prefetch = fs.prefetch();
-        let known_attrs = fs.known_attrs();
         conn.set_restorer(Arc::new(Restore::new(
             known.clone(),
             co.clone(),
@@ -204,7 +203,7 @@ impl Mounted {
             f.attach(session.notifier(), known.clone());
         }
         if let Some(l) = &locks {
-            l.attach(session.notifier(), known.clone(), co.clone(), known_attrs);
+            l.attach(session.notifier(), known.clone(), co.clone());
         }
         co.start_applier(session.notifier(), replayer, fuse_dev);
         pages.start(session.notifier(), co.clone());

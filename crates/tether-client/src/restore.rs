@@ -72,19 +72,11 @@ impl Known {
     /// a FORGET handled between `record` and the count would erase what `record` kept
     /// about the new inode. (The writeback cache's fixer then no longer knew the kernel
     /// held the file, and the kernel kept a host-changed file's old size for good.)
-    pub fn given(
-        &self,
-        parent: NodeId,
-        name: &[u8],
-        node: NodeId,
-        record: impl FnOnce() -> bool,
-    ) -> bool {
+    pub fn given(&self, parent: NodeId, name: &[u8], node: NodeId, record: impl FnOnce() -> bool) {
         let _node = self.lock(node);
-        let got = record();
-        if got {
+        if record() {
             self.place(parent, name, node, 1);
         }
-        got
     }
 
     /// Where `node` was last seen: (parent, name).
@@ -436,7 +428,7 @@ mod tests {
         known.forgotten(node, 1, |_| {
             recorded.lock().unwrap().remove(&node);
         });
-        assert!(giver.join().unwrap());
+        giver.join().unwrap();
         assert!(
             recorded.lock().unwrap().contains(&node),
             "the FORGET of the old inode erased what the new lookup recorded"
