@@ -2,6 +2,9 @@
 //! both down; the protocol never knows what is on the other side.
 
 pub mod framed;
+mod socket_reader;
+
+use socket_reader::{ReadTimeout, SocketReader};
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -91,7 +94,13 @@ pub struct PeerCred {
 }
 
 /// A handle on a stream's socket.
-pub enum Socket {
+pub struct Socket {
+    kind: SocketKind,
+    /// The stream's reader waits in poll(), which SO_RCVTIMEO does not limit.
+    read_timeout: ReadTimeout,
+}
+
+enum SocketKind {
     Unix(UnixStream),
     Tcp(TcpStream),
 }
@@ -99,9 +108,10 @@ pub enum Socket {
 impl Socket {
     /// Makes reads fail with WouldBlock/TimedOut after `t` without data (None: wait forever).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Socket::Unix(s) => s.set_read_timeout(t),
-            Socket::Tcp(s) => s.set_read_timeout(t),
+        self.read_timeout.set(t);
+        match &self.kind {
+            SocketKind::Unix(s) => s.set_read_timeout(t),
+            SocketKind::Tcp(s) => s.set_read_timeout(t),
         }
     }
     fn shutdown(&self) {
@@ -115,15 +125,22 @@ impl Socket {
     }
 
     fn shutdown_how(&self, how: std::net::Shutdown) {
-        let _ = match self {
-            Socket::Unix(s) => s.shutdown(how),
-            Socket::Tcp(s) => s.shutdown(how),
+        let _ = match &self.kind {
+            SocketKind::Unix(s) => s.shutdown(how),
+            SocketKind::Tcp(s) => s.shutdown(how),
         };
     }
     fn halves(&self) -> io::Result<(Box<dyn Read + Send>, Box<dyn Write + Send>)> {
-        Ok(match self {
-            Socket::Unix(s) => (Box::new(s.try_clone()?), Box::new(s.try_clone()?)),
-            Socket::Tcp(s) => (Box::new(s.try_clone()?), Box::new(s.try_clone()?)),
+        let t = self.read_timeout.clone();
+        Ok(match &self.kind {
+            SocketKind::Unix(s) => (
+                Box::new(SocketReader::new(s.try_clone()?, t)),
+                Box::new(s.try_clone()?),
+            ),
+            SocketKind::Tcp(s) => (
+                Box::new(SocketReader::new(s.try_clone()?, t)),
+                Box::new(s.try_clone()?),
+            ),
         })
     }
 }
@@ -140,10 +157,14 @@ impl Closer {
 
 impl Stream {
     fn from_socket(
-        socket: Socket,
+        kind: SocketKind,
         peer: String,
         peer_cred: Option<PeerCred>,
     ) -> io::Result<Stream> {
+        let socket = Socket {
+            kind,
+            read_timeout: ReadTimeout::default(),
+        };
         let (reader, writer) = socket.halves()?;
         let socket = Arc::new(socket);
         let closing = socket.clone();
@@ -164,7 +185,7 @@ impl Stream {
             .peer_addr()
             .map(|a| format!("tcp:{a}"))
             .unwrap_or_else(|_| "tcp:?".into());
-        Stream::from_socket(Socket::Tcp(s), peer, None)
+        Stream::from_socket(SocketKind::Tcp(s), peer, None)
     }
 }
 
@@ -223,7 +244,7 @@ pub fn connect(addr: &Address) -> io::Result<Stream> {
             // The server's process, which the client may want to tell from its own
             // machine's others (the server is not a guest process when both share a kernel).
             let cred = peer_cred(&s).ok();
-            Stream::from_socket(Socket::Unix(s), addr.to_string(), cred)
+            Stream::from_socket(SocketKind::Unix(s), addr.to_string(), cred)
         }
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
     }
@@ -294,7 +315,7 @@ impl Listener {
                 let (s, _) = listener.accept()?;
                 let cred = peer_cred(&s)?;
                 let peer = format!("unix:{} pid {} uid {}", path.display(), cred.pid, cred.uid);
-                Stream::from_socket(Socket::Unix(s), peer, Some(cred))
+                Stream::from_socket(SocketKind::Unix(s), peer, Some(cred))
             }
             Listener::Tcp(l) => Stream::from_tcp(l.accept()?.0),
         }
