@@ -49,12 +49,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut sites = Vec::new();
     for (i, (dir, label)) in dirs.iter().zip(&labels).enumerate() {
-        let work = dir.join(format!(".tether-bench-{pid}-{i}"));
-        if let Err(e) = std::fs::create_dir(&work) {
+        let root = dir.join(format!(".tether-bench-{pid}-{i}"));
+        if let Err(e) = std::fs::create_dir(&root) {
             cleanup(&sites, &copy_dest);
-            return Err(e).with_context(|| format!("cannot create {}", work.display()));
+            return Err(e).with_context(|| format!("cannot create {}", root.display()));
         }
-        sites.push(Site::new(label.clone(), work, &data));
+        sites.push(Site::new(label.clone(), root, &data));
     }
     let ctx = Ctx {
         data: &data,
@@ -168,9 +168,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 type Seconds = Vec<Vec<Vec<f64>>>;
 
-/// Empties `site`; if even that fails, marks it `broken` (with why) for the rest of the bench.
-fn wipe_or_give_up(site: &mut Site, broken: &mut Option<String>, say: &impl Fn(String)) {
-    if let Err(e) = site.wipe() {
+/// Empties `site` (`run`: into a new run's subdirectory); if even that fails, marks it
+/// `broken` (with why) for the rest of the bench.
+fn wipe_or_give_up(
+    site: &mut Site,
+    run: Option<u32>,
+    broken: &mut Option<String>,
+    say: &impl Fn(String),
+) {
+    let wiped = match run {
+        Some(run) => site.start_run(run),
+        None => site.wipe(),
+    };
+    if let Err(e) = wiped {
         let why = format!("{e:#}");
         say(format!(
             "{}: giving up on this directory: {why}",
@@ -203,6 +213,12 @@ fn run_steps(
     // working) is left alone for the rest of the bench; the others carry on.
     let mut broken: Vec<Option<String>> = vec![None; sites.len()];
     for run in 1..=args.runs {
+        for (di, site) in sites.iter_mut().enumerate() {
+            ctx.intr.check()?;
+            if broken[di].is_none() {
+                wipe_or_give_up(site, Some(run), &mut broken[di], &say);
+            }
+        }
         for (wi, w) in selected.iter().enumerate() {
             for (di, site) in sites.iter_mut().enumerate() {
                 ctx.intr.check()?;
@@ -249,19 +265,11 @@ fn run_steps(
                         });
                         // Start the directory afresh so later steps do not trip over a
                         // half-made setup.
-                        wipe_or_give_up(site, &mut broken[di], &say);
+                        wipe_or_give_up(site, None, &mut broken[di], &say);
                     }
                 }
             }
         }
-        for (di, site) in sites.iter_mut().enumerate() {
-            ctx.intr.check()?;
-            if broken[di].is_none() {
-                wipe_or_give_up(site, &mut broken[di], &say);
-            }
-        }
-        workloads::clear(ctx.copy_dest)?;
-        sys::sync();
     }
     pb.finish_and_clear();
     Ok((seconds, failures))
@@ -270,7 +278,7 @@ fn run_steps(
 /// Removes every working directory and the copy destination; false if something stayed.
 fn cleanup(sites: &[Site], copy_dest: &Path) -> bool {
     let mut ok = true;
-    for p in sites.iter().map(|s| s.work.as_path()).chain([copy_dest]) {
+    for p in sites.iter().map(|s| s.root.as_path()).chain([copy_dest]) {
         if p.exists() {
             if let Err(e) = std::fs::remove_dir_all(p) {
                 eprintln!("tether: cannot remove {}: {e}", p.display());
