@@ -12,6 +12,7 @@ mod ops;
 mod readahead;
 pub mod sys;
 pub mod watch;
+mod writers;
 
 use std::ffi::CString;
 use std::io;

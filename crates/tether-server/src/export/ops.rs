@@ -18,6 +18,7 @@ use super::nodes::{Node, NodeTable};
 use super::readahead::ReadAhead;
 use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
+use super::writers::Writers;
 use super::Export;
 
 enum Handle {
@@ -50,6 +51,32 @@ pub struct ExportFs {
     pub(super) locks: LockTable,
     /// Host read-ahead of directories the guest reads through (readahead.rs).
     readahead: ReadAhead,
+    /// Descriptors kept for writes by node (writers.rs).
+    writers: Arc<Writers>,
+}
+
+impl Drop for ExportFs {
+    fn drop(&mut self) {
+        self.writers.stop();
+    }
+}
+
+/// What a WRITE goes through: an open handle, or a descriptor kept for writes by node.
+enum WriteFd {
+    Handle(Arc<Handle>),
+    Kept(Arc<OwnedFd>),
+}
+
+impl WriteFd {
+    fn file(&self) -> &OwnedFd {
+        match self {
+            WriteFd::Kept(fd) => fd,
+            WriteFd::Handle(h) => match &**h {
+                Handle::File(f) => f,
+                Handle::Dir(_) => unreachable!("file_for gives files only"),
+            },
+        }
+    }
 }
 
 /// Checks a single path component from the guest.
@@ -131,6 +158,7 @@ impl ExportFs {
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
             readahead: ReadAhead::default(),
+            writers: Arc::default(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -371,6 +399,8 @@ impl ExportFs {
     ) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
         let node = self.held_by_name(dir, name)?;
         self.nodes.name_removed(&node, parent, name);
+        // Its space goes with its last name, not when an idle write descriptor closes.
+        self.writers.forget(node.id);
         self.with_fd(node)
     }
 
@@ -445,6 +475,23 @@ impl ExportFs {
             return Err(WireErrno::EISDIR);
         }
         Ok(Arc::new(Handle::File(self.reopen(&fd, flags)?)))
+    }
+
+    /// The descriptor a WRITE goes through: handle `fh`, or for writes by node (`fh` 0) the
+    /// node's kept writable descriptor, opened and kept if there is none (writers.rs).
+    fn write_fd(&self, node: NodeId, fh: HandleId) -> SysResult<WriteFd> {
+        if fh != 0 {
+            return self.file(node, fh).map(WriteFd::Handle);
+        }
+        if let Some(fd) = self.writers.get(node) {
+            return Ok(WriteFd::Kept(fd));
+        }
+        let (n, fd) = self.openable_node(node)?;
+        if n.is_dir() {
+            return Err(WireErrno::EISDIR);
+        }
+        let f = self.reopen(&fd, libc::O_WRONLY)?;
+        Ok(WriteFd::Kept(self.writers.keep(node, f)))
     }
 
     /// A node the server may open for I/O (see [`check_openable`]).
@@ -591,6 +638,7 @@ impl ExportFs {
                     };
                     // The guest has no file open on it, so no lock on it either.
                     self.locks.forget_node(gone.id);
+                    self.writers.forget(gone.id);
                     if let Some(w) = &self.watcher {
                         if gone.watched.load(Ordering::Relaxed) {
                             // Not reopened for this: a forgotten node's reopened descriptor
@@ -793,7 +841,12 @@ impl ExportFs {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
                 let fh = if self.create_no_handle {
-                    0 // the file closes here; the client writes to it by node
+                    // The client writes to it by node: through this descriptor, if it was
+                    // opened for plain writes.
+                    if new_file && plain_writable(flags) {
+                        self.writers.keep(entry.node, f);
+                    }
+                    0
                 } else {
                     match self.add_handle(entry.node, Handle::File(f)) {
                         Ok(fh) => fh,
@@ -825,8 +878,8 @@ impl ExportFs {
                 data,
             } => {
                 let n = self.nodes.get(node)?;
-                let h = self.file_for(node, fh, libc::O_WRONLY)?;
-                let Handle::File(f) = &*h else { unreachable!() };
+                let w = self.write_fd(node, fh)?;
+                let f = w.file();
                 let (written, after) = self.own_change_then_stat(
                     &n,
                     f.as_fd(),
@@ -1272,6 +1325,13 @@ fn check_openable(kind: u32) -> SysResult<()> {
 }
 
 /// Host open flags for a guest open: creation and no-follow flags are the server's business.
+/// Whether a file opened with the guest's `flags` may serve later writes by node, which
+/// carry their own offsets and need no per-descriptor behaviour.
+fn plain_writable(flags: u32) -> bool {
+    let special = libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC;
+    flags as i32 & libc::O_ACCMODE != libc::O_RDONLY && flags as i32 & special == 0
+}
+
 fn open_host_flags(flags: u32) -> i32 {
     let keep = libc::O_ACCMODE
         | libc::O_APPEND
