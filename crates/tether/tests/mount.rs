@@ -365,3 +365,32 @@ fn count_open_files(pid: u32, dir: &std::path::Path) -> usize {
         })
         .count()
 }
+
+/// Writes by node go through a descriptor the server keeps open for a moment (writers.rs):
+/// it must close soon after the guest's last write, or the host could not run a program
+/// the guest just built (ETXTBSY).
+#[test]
+fn the_host_can_run_a_file_the_guest_just_wrote() {
+    require_mount!();
+    let t = TestMount::start();
+    let script = t.mnt.join("built.sh");
+    let mut f = fs::File::create(&script).unwrap();
+    f.write_all(b"#!/bin/sh\n").unwrap();
+    for _ in 0..100 {
+        f.write_all(b"# padding written in many small writes\n")
+            .unwrap();
+    }
+    f.write_all(b"exit 7\n").unwrap();
+    drop(f);
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let host_copy = t.export.join("built.sh");
+    let ran = common::poll_until(Duration::from_secs(5), || {
+        Command::new(&host_copy)
+            .status()
+            .is_ok_and(|s| s.code() == Some(7))
+    });
+    assert!(
+        ran,
+        "the host could not run a file the guest wrote (ETXTBSY?)"
+    );
+}
