@@ -383,8 +383,13 @@ impl TetherFs {
         let (known, entry_name) = (self.known.clone(), entry_name(&msg));
         let made = !matches!(msg, Request::Lookup { .. });
         let mkdir = matches!(msg, Request::Mkdir { .. });
+        // A found node's attributes answer the GETATTR after the kernel forgets its atime.
+        let looked_up = (!made).then(|| (self.known_attrs.clone(), self.known_attrs.looking()));
         self.send(req, &msg, move |res: ReplyResult| match res {
             Ok(Reply::Entry(e)) => {
+                if let Some((known_attrs, since)) = &looked_up {
+                    known_attrs.learn_entry(e.node, *since, &e.attr, sent, &co);
+                }
                 // First: whether it is watched decides what follows.
                 let record = || {
                     co.entry_given(&e);
@@ -1213,6 +1218,7 @@ impl Filesystem for TetherFs {
         let (co, fallback, sent, dir) =
             (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
         let (conn, known) = (self.conn.clone(), self.known.clone());
+        let (known_attrs, since) = (self.known_attrs.clone(), self.known_attrs.looking());
         let who = caller(req);
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir(entries) => {
@@ -1246,6 +1252,10 @@ impl Filesystem for TetherFs {
                             );
                             if !full {
                                 fitted += fuse_dirent_size(e.name.len(), true);
+                                if e.entry.is_some() {
+                                    let a = &entry.attr;
+                                    known_attrs.learn_entry(entry.node, since, a, sent, &co);
+                                }
                             }
                             !full && e.entry.is_some()
                         };

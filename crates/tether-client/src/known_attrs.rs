@@ -17,6 +17,14 @@
 //! its recipe wrote) is a GETATTR round trip too. With feature WRITE_ATTR the WRITE reply
 //! carries the file's attributes after the write, and the client answers that GETATTR.
 //!
+//! Found files: after every READ the kernel forgets a file's atime
+//! (`fuse_invalidate_atime`, `noatime` or not), so the first `stat` after a file was read
+//! from the server is a GETATTR round trip too (a build's `stat` of every source its
+//! compiler read, the second `grep` of a tree read cold). The attributes of the LOOKUP or
+//! READDIRPLUS entry that gave the kernel the node answer it, when nothing changed anything
+//! while that request was on its way ([`KnownAttrs::learn_entry`]). The atime they carry
+//! may be older than the host's: Tether does not keep atime coherent (coherence.md).
+//!
 //! Either is good only while nothing else changed the node. Each request that changes a
 //! node known here (a name in a directory, its attributes, a file's data) counts once when
 //! sent and once when answered ([`KnownAttrs::touch`]); a removal or rename of any name
@@ -58,6 +66,9 @@ struct Learned {
 pub struct KnownAttrs {
     /// Touch counts of the nodes with a creation or a GETATTR through this mount.
     touches: DashMap<NodeId, u64>,
+    /// Counts every touch of any node, before the node's own count: a reply naming nodes
+    /// nobody knew at its sending (an entry) is kept only if this did not move meanwhile.
+    changes: AtomicU64,
     /// Removals and renames of names, sent or answered.
     removals: AtomicU64,
     known: DashMap<NodeId, Learned>,
@@ -98,6 +109,7 @@ impl KnownAttrs {
     }
 
     fn touch(&self, node: NodeId) -> Option<u64> {
+        self.changes.fetch_add(1, Ordering::SeqCst);
         let mut t = self.touches.get_mut(&node)?;
         *t += 1;
         Some(*t)
@@ -108,6 +120,7 @@ impl KnownAttrs {
     /// node's touch count and the removals count, for [`KnownAttrs::learn`]. A request that fails
     /// is never counted again, which leaves nothing known of the node until the next one.
     pub fn asking(&self, node: NodeId) -> (u64, u64) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
         let removals = self.removals.load(Ordering::Acquire);
         let mut t = self.touches.entry(node).or_insert(0);
         *t += 1;
@@ -141,6 +154,41 @@ impl KnownAttrs {
                 self.known.remove(&node);
             }
         }
+    }
+
+    /// A LOOKUP or READDIRPLUS is about to be sent: what [`KnownAttrs::learn_entry`] needs
+    /// to tell whether anything changed while it was on its way.
+    pub fn looking(&self) -> (u64, u64) {
+        let removals = self.removals.load(Ordering::Acquire);
+        (self.changes.load(Ordering::SeqCst), removals)
+    }
+
+    /// An entry of the reply to a LOOKUP or READDIRPLUS counted `since`
+    /// ([`KnownAttrs::looking`]) and sent at push sequence `sent` gave the kernel `node`
+    /// with `attr`: kept if no request changed any node while it was on its way and no push
+    /// revoked the node. Whatever is known of the node already stays otherwise.
+    pub fn learn_entry(
+        &self,
+        node: NodeId,
+        since: (u64, u64),
+        attr: &Attr,
+        sent: u64,
+        co: &Coherence,
+    ) {
+        // The node's count first, then the global one: a touch bumps them the other way
+        // round, so a touch either shows in the global count or comes after this read and
+        // makes what is kept here stale by the node's count.
+        let touches = *self.touches.entry(node).or_insert(0);
+        if self.changes.load(Ordering::SeqCst) != since.0 || !co.cacheable(node, sent) {
+            return;
+        }
+        let learned = Learned {
+            attr: *attr,
+            touches,
+            removals: since.1,
+            sent,
+        };
+        self.known.insert(node, learned);
     }
 
     /// `node`'s attributes, if they are known.
@@ -186,6 +234,38 @@ mod tests {
             parent,
             name: Bytes::from_static(b"x"),
         }
+    }
+
+    #[test]
+    fn an_entry_is_kept_only_if_nothing_changed_while_its_lookup_was_on_its_way() {
+        let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
+        co.enable();
+        co.set_watched(5, true);
+        co.set_watched(6, true);
+        let (since, sent) = (d.looking(), co.now());
+        d.learn_entry(5, since, &attr(3).unwrap(), sent, &co);
+        assert_eq!(d.get(5, &co).map(|a| a.size), Some(3));
+        // A write to it afterwards leaves it unknown until the write's own reply.
+        let w = d.asking(5);
+        assert!(d.get(5, &co).is_none());
+        d.learn(5, w, attr(9).as_deref(), co.now(), &co);
+        assert_eq!(d.get(5, &co).map(|a| a.size), Some(9));
+        // A change of another node while the lookup was on its way: nothing learned.
+        let (since, sent) = (d.looking(), co.now());
+        d.touching(&unlink(1));
+        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
+        assert!(d.get(6, &co).is_none());
+        // A push revoking the node after the lookup was sent: nothing learned.
+        let (since, sent) = (d.looking(), co.now());
+        co.distrust(6);
+        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
+        assert!(d.get(6, &co).is_none());
+        // A later removal anywhere makes a file's link count doubtful.
+        let (since, sent) = (d.looking(), co.now());
+        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
+        assert_eq!(d.get(6, &co).map(|a| a.size), Some(4));
+        d.touching(&unlink(1));
+        assert!(d.get(6, &co).is_none());
     }
 
     #[test]

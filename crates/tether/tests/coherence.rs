@@ -488,6 +488,43 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
 }
 
+/// After every READ the kernel forgets the file's atime, so the next `stat` of each file a
+/// program read from the server asks for its attributes again (a build's `stat` of every
+/// source its compiler read). The client answers from the LOOKUP or listing that found the
+/// file (known_attrs.rs, `learn_entry`), without the server: a stat of 100 files just read
+/// sent about 100 GETATTRs to the server without that.
+#[test]
+fn stat_after_a_cold_read_is_answered_without_the_server() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let dir = t.export.join("read");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..100 {
+        fs::write(dir.join(format!("f{i}")), format!("file {i}")).unwrap();
+    }
+    let paths: Vec<_> = (0..100).map(|i| t.mnt.join(format!("read/f{i}"))).collect();
+    for p in &paths {
+        assert_eq!(
+            fs::read(p).unwrap(),
+            fs::read(t.export.join(p.strip_prefix(&t.mnt).unwrap())).unwrap()
+        );
+    }
+    let before = status(&t.mnt);
+    for p in &paths {
+        assert!(fs::metadata(p).unwrap().len() >= 6);
+    }
+    let asked = sent(&status(&t.mnt), "GETATTR") - sent(&before, "GETATTR");
+    assert!(
+        asked <= 5,
+        "{asked} GETATTRs sent to the server for 100 files just read"
+    );
+    // What the client answered is the host's state: a host change still shows.
+    fs::write(dir.join("f7"), b"changed on the host, longer").unwrap();
+    settled("the host's change shows", || {
+        fs::metadata(&paths[7]).map(|m| m.len()).ok() == Some(27)
+    });
+}
+
 /// With the writeback cache the guest kernel caches writes: a file written in 1 KiB pieces
 /// reaches the server in a few large WRITEs, not one round trip per `write()`, and whole.
 #[test]
