@@ -312,14 +312,18 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
     }
 }
 
-/// Requests done in a few microseconds on a file the server holds open (they read or change
-/// an inode in memory; a small write goes to the page cache), executed without handing the
-/// reader on. Anything that may read the disk, wait for a lock or move much data is not.
+/// Requests done in a few microseconds on a file the server holds open (they read an inode
+/// in memory; a small write goes to the page cache), executed without handing the reader
+/// on. Anything that may read the disk, wait for a lock, free many blocks (a truncation) or
+/// move much data is not, nor a FORGET of many nodes (each may close a descriptor and drop
+/// a watch).
 fn is_quick(h: &FrameHeader) -> bool {
     const SMALL_WRITE: usize = 64 * 1024;
+    const FEW_FORGETS: usize = 256;
     match Op::from_u16(h.op) {
-        Ok(Op::Getattr | Op::Setattr | Op::Statfs | Op::Forget | Op::Ping) => true,
+        Ok(Op::Getattr | Op::Statfs | Op::Ping) => true,
         Ok(Op::Getxattr | Op::Listxattr | Op::Readlink | Op::LockRelease) => true,
+        Ok(Op::Forget) => h.body_len <= FEW_FORGETS,
         Ok(Op::Write) => h.body_len <= SMALL_WRITE,
         _ => false,
     }

@@ -1324,7 +1324,6 @@ fn check_openable(kind: u32) -> SysResult<()> {
     }
 }
 
-/// Host open flags for a guest open: creation and no-follow flags are the server's business.
 /// Whether a file opened with the guest's `flags` may serve later writes by node, which
 /// carry their own offsets and need no per-descriptor behaviour.
 fn plain_writable(flags: u32) -> bool {
@@ -1332,6 +1331,7 @@ fn plain_writable(flags: u32) -> bool {
     flags as i32 & libc::O_ACCMODE != libc::O_RDONLY && flags as i32 & special == 0
 }
 
+/// Host open flags for a guest open: creation and no-follow flags are the server's business.
 fn open_host_flags(flags: u32) -> i32 {
     let keep = libc::O_ACCMODE
         | libc::O_APPEND
