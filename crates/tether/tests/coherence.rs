@@ -503,11 +503,8 @@ fn stat_after_a_cold_read_is_answered_without_the_server() {
         fs::write(dir.join(format!("f{i}")), format!("file {i}")).unwrap();
     }
     let paths: Vec<_> = (0..100).map(|i| t.mnt.join(format!("read/f{i}"))).collect();
-    for p in &paths {
-        assert_eq!(
-            fs::read(p).unwrap(),
-            fs::read(t.export.join(p.strip_prefix(&t.mnt).unwrap())).unwrap()
-        );
+    for (i, p) in paths.iter().enumerate() {
+        assert_eq!(fs::read_to_string(p).unwrap(), format!("file {i}"));
     }
     let before = status(&t.mnt);
     for p in &paths {

@@ -34,8 +34,9 @@ pub struct Writers {
 #[derive(Default)]
 struct Kept {
     fds: HashMap<NodeId, (Arc<OwnedFd>, Instant)>,
-    /// A thread closes idle descriptors while any are kept.
-    closer_running: bool,
+    /// The thread that closes idle descriptors, started with the first one kept and
+    /// ended by [`Writers::stop`] (not per burst of writes: a start costs a write its time).
+    closer_started: bool,
     stopped: bool,
 }
 
@@ -61,18 +62,21 @@ impl Writers {
             evicted = oldest.and_then(|n| k.fds.remove(&n));
         }
         // A descriptor it replaces (two WRITEs of one node racing) is closed by its last user.
+        let was_empty = k.fds.is_empty();
         k.fds.insert(node, (fd.clone(), Instant::now()));
-        if !k.closer_running {
-            k.closer_running = true;
+        if !k.closer_started {
             let me = self.clone();
             let spawned = std::thread::Builder::new()
                 .name("tether-writers".into())
                 .spawn(move || me.close_idle());
-            if spawned.is_err() {
+            match spawned {
+                Ok(_) => k.closer_started = true,
                 // Without the thread nothing would close them: keep none.
-                k.closer_running = false;
-                k.fds.clear();
+                Err(_) => k.fds.clear(),
             }
+        } else if was_empty {
+            // The closer waits without a deadline while nothing is kept.
+            self.changed.notify_all();
         }
         drop(k);
         drop(evicted);
@@ -96,14 +100,17 @@ impl Writers {
         drop(gone);
     }
 
-    /// The closing thread: runs while descriptors are kept, closing each [`IDLE`] after its
-    /// last use (outside the lock: a close may take a while).
+    /// The closing thread: closes each descriptor [`IDLE`] after its last use (outside the
+    /// lock: a close may take a while), until the table is stopped.
     fn close_idle(&self) {
         let mut k = self.kept.lock().unwrap();
         loop {
-            if k.stopped || k.fds.is_empty() {
-                k.closer_running = false;
+            if k.stopped {
                 return;
+            }
+            if k.fds.is_empty() {
+                k = self.changed.wait(k).unwrap();
+                continue;
             }
             let now = Instant::now();
             let idle: Vec<NodeId> = (k.fds.iter())
@@ -168,6 +175,12 @@ mod tests {
         std::thread::sleep(IDLE * 4);
         assert_eq!(w.kept(), 0);
         assert!(w.get(7).is_none());
+        assert!(closed(reader));
+        // Kept again after the table emptied: the same closer closes it.
+        let (fd, reader) = pipe();
+        drop(w.keep(8, fd));
+        std::thread::sleep(IDLE * 4);
+        assert_eq!(w.kept(), 0);
         assert!(closed(reader));
     }
 
