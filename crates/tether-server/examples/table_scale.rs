@@ -27,7 +27,7 @@ fn main() {
         while inserted < target {
             st.st_ino = 10_000_000 + inserted;
             let name = CString::new(format!("n{inserted}")).unwrap();
-            table.remember(root.try_clone().unwrap(), &st, 1, name);
+            table.remember(root.try_clone().unwrap(), (&st, None), 1, name);
             inserted += 1;
         }
         let insert_ns = t.elapsed().as_nanos() as f64 / (inserted - before) as f64;

@@ -26,7 +26,7 @@ fn a_million_nodes_stay_addressable_with_bounded_descriptors() {
     for i in 0..N {
         let fd = root.try_clone().unwrap();
         let name = CString::new(format!("n{i}")).unwrap();
-        table.remember(fd, &fake_stat(dev, 1_000_000_000 + i), 1, name);
+        table.remember(fd, (&fake_stat(dev, 1_000_000_000 + i), None), 1, name);
         assert!(budget.open_count() <= 1001, "budget exceeded at {i}");
     }
     assert_eq!(table.len() as u64, N + 1);

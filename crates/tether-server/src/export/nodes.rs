@@ -277,18 +277,17 @@ impl NodeTable {
     }
 
     /// Records one more lookup of the object `fd` (an O_PATH descriptor just opened as
-    /// `name` in `parent`) and returns its node.
+    /// `name` in `parent`, with its status and birth time as [`sys::fstat_born`] read them)
+    /// and returns its node.
     pub fn remember(
         &self,
         fd: OwnedFd,
-        st: &libc::stat,
+        (st, birth): (&libc::stat, Option<(i64, u32)>),
         parent: NodeId,
         name: CString,
     ) -> Arc<Node> {
         let mut id = self.id_for(st.st_dev, st.st_ino);
-        // Read when needed (a new node, or a held one to tell apart), at most once.
-        let birth = std::cell::OnceCell::new();
-        let birth = || *birth.get_or_init(|| sys::birth_time(fd.as_fd()));
+        let birth = || birth;
         // A held node whose descriptor was evicted may be an older file with this number.
         let held = self.nodes.get(&id).map(|n| n.clone());
         if let Some(old) = held.filter(|n| !n.has_fd()) {
@@ -427,8 +426,8 @@ impl NodeTable {
                 e
             }
         })?;
-        let st = sys::fstat(fd.as_fd())?;
-        if !node.same_file(&st, sys::birth_time(fd.as_fd())) {
+        let (st, birth) = sys::fstat_born(fd.as_fd())?;
+        if !node.same_file(&st, birth) {
             // The name now refers to another file (perhaps with the same inode number): the
             // node we knew is gone from there.
             return Err(WireErrno::ESTALE);

@@ -237,8 +237,8 @@ impl ExportFs {
         name: CString,
     ) -> SysResult<Entry> {
         let fd = sys::open_path(parent_fd, &name)?;
-        let st = sys::fstat(fd.as_fd())?;
-        self.entry_for(parent, fd, &st, name)
+        let st = sys::fstat_born(fd.as_fd())?;
+        self.entry_for(parent, fd, (&st.0, st.1), name)
     }
 
     /// Records a lookup of `fd` (found as `name` in `parent`), watching it if it is a new
@@ -247,10 +247,10 @@ impl ExportFs {
         &self,
         parent: NodeId,
         fd: OwnedFd,
-        st: &libc::stat,
+        (st, birth): (&libc::stat, Option<(i64, u32)>),
         name: CString,
     ) -> SysResult<Entry> {
-        let node = self.nodes.remember(fd, st, parent, name);
+        let node = self.nodes.remember(fd, (st, birth), parent, name);
         let mut flags = 0;
         if let Some(w) = &self.watcher {
             if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
@@ -835,8 +835,8 @@ impl ExportFs {
                 };
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
-                let st = sys::fstat(path_fd.as_fd())?;
-                let mut entry = self.entry_for(parent, path_fd, &st, name)?;
+                let st = sys::fstat_born(path_fd.as_fd())?;
+                let mut entry = self.entry_for(parent, path_fd, (&st.0, st.1), name)?;
                 if new_file {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
