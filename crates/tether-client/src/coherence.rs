@@ -109,7 +109,15 @@ pub struct Coherence {
     /// made in them through this mount since: while nothing in one has been invalidated, a
     /// name not among them does not exist, and its LOOKUP needs no round trip.
     new_dirs: DashMap<NodeId, (u64, HashSet<Bytes>)>,
+    /// Directories whose last listing reached their end (feature DIR_END): the offset
+    /// after the last entry, the push sequence when that listing was asked for, and when
+    /// its reply came.
+    listing_ends: DashMap<NodeId, (u64, u64, Instant)>,
 }
+
+/// How long the end of a listing answers the request after it: the kernel asks right
+/// away, in the same `getdents` loop.
+const LISTING_END_FOR: Duration = Duration::from_secs(1);
 
 /// Past this many names a new directory is no longer tracked (the memory is not worth it:
 /// the kernel caches the negative entries it looks up anyway).
@@ -154,6 +162,7 @@ impl Coherence {
             alls_applied: AtomicU64::new(0),
             created: DashMap::new(),
             new_dirs: DashMap::new(),
+            listing_ends: DashMap::new(),
         })
     }
 
@@ -266,8 +275,29 @@ impl Coherence {
         }
     }
 
+    /// A listing of watched directory `dir` asked for at push sequence `sent` reached the
+    /// directory's end after the entry with cookie `offset`, and the kernel got every entry.
+    pub fn listing_ended(&self, dir: NodeId, offset: u64, sent: u64) {
+        if self.cacheable(dir, sent) {
+            (self.listing_ends).insert(dir, (offset, sent, Instant::now()));
+        }
+    }
+
+    /// True when a listing of `dir` after cookie `offset` surely has no entries: the
+    /// last listing ended there a moment ago, and since then nothing in `dir` was
+    /// invalidated (a change by the host or another mount) nor made through this mount.
+    /// Answers once.
+    pub fn listing_surely_ended(&self, dir: NodeId, offset: u64) -> bool {
+        self.listing_ends
+            .remove_if(&dir, |_, end| end.0 == offset)
+            .is_some_and(|(_, (_, sent, at))| {
+                at.elapsed() < LISTING_END_FOR && self.still_cacheable(dir, sent)
+            })
+    }
+
     /// `name` now exists in `dir`, made or moved there through this mount.
     pub fn name_made(&self, dir: NodeId, name: &[u8]) {
+        self.listing_ends.remove(&dir);
         let full = match self.new_dirs.get_mut(&dir) {
             Some(mut d) if d.1.len() < NEW_DIR_NAMES_AT_MOST => {
                 d.1.insert(Bytes::copy_from_slice(name));
@@ -339,6 +369,7 @@ impl Coherence {
             self.invalidated.remove(&node);
             self.created.remove(&node);
             self.new_dirs.remove(&node);
+            self.listing_ends.remove(&node);
         }
     }
 

@@ -1172,6 +1172,10 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        if self.co.listing_surely_ended(ino.0, offset) {
+            reply.ok();
+            return;
+        }
         // fuser does not tell us the kernel's buffer size; a page-sized answer always fits.
         let msg = Request::Readdir {
             node: ino.0,
@@ -1180,19 +1184,26 @@ impl Filesystem for TetherFs {
             size: 4096,
             plus: false,
         };
+        let (co, sent, dir) = (self.co.clone(), self.co.now(), ino.0);
         self.call(req, msg, reply, move |mut reply, r| match r {
-            Reply::Dir(entries) => {
+            Reply::Dir { entries, end } => {
+                let mut full = false;
+                let last = entries.last().map(|e| e.offset);
                 for e in entries {
-                    if reply.add(
+                    full = reply.add(
                         INodeNo(e.ino),
                         e.offset,
                         kind_of_dtype(e.kind),
                         OsStr::from_bytes(&e.name),
-                    ) {
+                    );
+                    if full {
                         break;
                     }
                 }
                 reply.ok();
+                if let (true, false, Some(last)) = (end, full, last) {
+                    co.listing_ended(dir, last, sent);
+                }
                 Ok(())
             }
             _ => Err(reply),
@@ -1207,6 +1218,11 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        // The kernel asks for what follows the last entry before it sees the end.
+        if self.co.listing_surely_ended(ino.0, offset) {
+            reply.ok();
+            return;
+        }
         let msg = Request::Readdir {
             node: ino.0,
             fh: fh.0,
@@ -1221,7 +1237,8 @@ impl Filesystem for TetherFs {
         let (known_attrs, since) = (self.known_attrs.clone(), self.known_attrs.looking());
         let who = caller(req);
         self.call(req, msg, reply, move |mut reply, r| match r {
-            Reply::Dir(entries) => {
+            Reply::Dir { entries, end } => {
+                let last = entries.last().map(|e| e.offset);
                 let mut unused: Vec<(u64, u64)> = Vec::new();
                 let mut full = false;
                 let mut fitted = 0;
@@ -1272,6 +1289,9 @@ impl Filesystem for TetherFs {
                     }
                 }
                 reply.ok();
+                if let (true, false, Some(last)) = (end, full, last) {
+                    co.listing_ended(dir, last, sent);
+                }
                 if full {
                     // The kernel's buffer was smaller than asked for: ask for no more.
                     let fits = (fitted as u32).next_multiple_of(4096).max(4096);

@@ -388,6 +388,7 @@ impl Connection {
             client_name: opts.client_name.into_bytes(),
             // Ask for pushed invalidations only when someone will apply them.
             features: features::IO_BY_NODE
+                | features::DIR_END
                 | features::DIR_ATTR
                 | features::WRITE_ATTR
                 | match (&opts.on_push, opts.host_events) {

@@ -142,7 +142,7 @@ fn create_write_read_list_rename_unlink() {
     .unwrap() else {
         panic!()
     };
-    let Reply::Dir(entries) = call(
+    let Reply::Dir { entries, .. } = call(
         &s,
         Request::Readdir {
             node: e.node,

@@ -340,8 +340,20 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
         (Op::Getxattr, Ok(Reply::XattrData(b(b"value")))),
         (Op::Listxattr, Ok(Reply::XattrData(b(b"user.a\0user.b\0")))),
         (Op::Getxattr, Err(WireErrno::ERANGE)),
-        (Op::Readdir, Ok(Reply::Dir(dir))),
-        (Op::Readdir, Ok(Reply::Dir(Vec::new()))),
+        (
+            Op::Readdir,
+            Ok(Reply::Dir {
+                entries: dir,
+                end: false,
+            }),
+        ),
+        (
+            Op::Readdir,
+            Ok(Reply::Dir {
+                entries: Vec::new(),
+                end: true,
+            }),
+        ),
         (
             Op::Create,
             Ok(Reply::Create {

@@ -448,7 +448,7 @@ impl Run<'_> {
             (Reply::Data(d), Request::Read { size, .. }) => {
                 assert!(d.len() <= *size as usize, "read {} > {size}", d.len())
             }
-            (Reply::Dir(entries), Request::Readdir { size, plus, .. }) => {
+            (Reply::Dir { entries, .. }, Request::Readdir { size, plus, .. }) => {
                 let used: usize = entries
                     .iter()
                     .map(|d| dirent_size(d.name.len(), *plus))

@@ -133,6 +133,13 @@ impl Decoder {
             }),
         }
     }
+    /// An optional marker at the end of a message: consumes the next byte if it is 1 and
+    /// says so; anything else stays, for [`Decoder::finish`] to refuse.
+    pub fn marker(&mut self) -> bool {
+        let set = self.body.get(self.pos) == Some(&1);
+        self.pos += usize::from(set);
+        set
+    }
     /// A fixed-size byte array (nonces, proofs).
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         Ok(self.take(N)?.try_into().unwrap())

@@ -39,6 +39,10 @@ pub mod features {
     /// the target its recipe wrote. Granted only with `PUSH_INVALIDATE`: only then may the
     /// client keep them.
     pub const WRITE_ATTR: u64 = 1 << 5;
+    /// READDIR replies say when the listing reached the end of the directory, so the
+    /// client can answer the kernel's next request (for what follows the last entry,
+    /// always empty) itself: one round trip fewer per directory listed.
+    pub const DIR_END: u64 = 1 << 6;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -544,7 +544,13 @@ pub enum Reply {
     /// getxattr, listxattr: the size (when asked with size 0) or the value.
     XattrSize(u32),
     XattrData(Bytes),
-    Dir(Vec<DirEntry>),
+    Dir {
+        entries: Vec<DirEntry>,
+        /// The listing reached the end of the directory: a request for what follows the
+        /// last entry would get none. Only when feature `DIR_END` was granted (then a
+        /// byte 1 after the entries); false otherwise.
+        end: bool,
+    },
     Create {
         entry: Entry,
         fh: HandleId,
@@ -1251,7 +1257,7 @@ fn wire_status(errno: WireErrno) -> i32 {
 pub fn reply_frame(op: u16, id: u64, result: &Result<Reply, WireErrno>) -> Vec<u8> {
     let cap = match result {
         Ok(Reply::Data(d)) | Ok(Reply::XattrData(d)) => d.len() + 8,
-        Ok(Reply::Dir(v)) => v.len() * (Attr::WIRE_LEN + 64),
+        Ok(Reply::Dir { entries: v, .. }) => v.len() * (Attr::WIRE_LEN + 64) + 8,
         _ => 160,
     };
     let mut f = FrameBuilder::new(FrameKind::Reply, 0, op, id, cap);
@@ -1332,7 +1338,7 @@ impl Reply {
             Reply::XattrSize(n) => {
                 e.u8(0).u32(*n);
             }
-            Reply::Dir(entries) => {
+            Reply::Dir { entries, end } => {
                 e.u32(entries.len() as u32);
                 for de in entries {
                     e.u64(de.ino).u64(de.offset).u8(de.kind).name(&de.name);
@@ -1345,6 +1351,9 @@ impl Reply {
                             e.u8(0);
                         }
                     }
+                }
+                if *end {
+                    e.u8(1);
                 }
             }
             Reply::Create {
@@ -1450,7 +1459,8 @@ impl Reply {
                         entry,
                     });
                 }
-                Reply::Dir(v)
+                let end = d.marker();
+                Reply::Dir { entries: v, end }
             }
             Op::Create => Reply::Create {
                 entry: Entry::decode(&mut d)?,

@@ -1489,22 +1489,25 @@ fn reply_cases() -> Vec<ReplyCase> {
             name: "readdir".into(),
             op: Op::Readdir,
             id: 42,
-            result: Ok(Reply::Dir(vec![
-                DirEntry {
-                    ino: ROOT_NODE,
-                    offset: 1,
-                    kind: 4,
-                    name: b(b"."),
-                    entry: None,
-                },
-                DirEntry {
-                    ino: N,
-                    offset: 2,
-                    kind: 8,
-                    name: b(b"file"),
-                    entry: None,
-                },
-            ])),
+            result: Ok(Reply::Dir {
+                entries: vec![
+                    DirEntry {
+                        ino: ROOT_NODE,
+                        offset: 1,
+                        kind: 4,
+                        name: b(b"."),
+                        entry: None,
+                    },
+                    DirEntry {
+                        ino: N,
+                        offset: 2,
+                        kind: 8,
+                        name: b(b"file"),
+                        entry: None,
+                    },
+                ],
+                end: false,
+            }),
             expected: [
                 &[0x41, 0, 0, 0][..],            // len: 65
                 &[2],                            // kind: reply
@@ -1532,22 +1535,25 @@ fn reply_cases() -> Vec<ReplyCase> {
             name: "readdir (plus)".into(),
             op: Op::Readdir,
             id: 42,
-            result: Ok(Reply::Dir(vec![
-                DirEntry {
-                    ino: ROOT_NODE,
-                    offset: 1,
-                    kind: 4,
-                    name: b(b".."),
-                    entry: None,
-                },
-                DirEntry {
-                    ino: N,
-                    offset: 2,
-                    kind: 8,
-                    name: b(b"file"),
-                    entry: Some(entry()),
-                },
-            ])),
+            result: Ok(Reply::Dir {
+                entries: vec![
+                    DirEntry {
+                        ino: ROOT_NODE,
+                        offset: 1,
+                        kind: 4,
+                        name: b(b".."),
+                        entry: None,
+                    },
+                    DirEntry {
+                        ino: N,
+                        offset: 2,
+                        kind: 8,
+                        name: b(b"file"),
+                        entry: Some(entry()),
+                    },
+                ],
+                end: false,
+            }),
             expected: [
                 &[0xb6, 0, 0, 0][..],            // len: 182
                 &[2],                            // kind: reply
@@ -1576,7 +1582,10 @@ fn reply_cases() -> Vec<ReplyCase> {
             name: "readdir (end of directory)".into(),
             op: Op::Readdir,
             id: 42,
-            result: Ok(Reply::Dir(vec![])),
+            result: Ok(Reply::Dir {
+                entries: vec![],
+                end: false,
+            }),
             expected: [
                 &[0x14, 0, 0, 0][..],         // len: 20
                 &[2],                         // kind: reply
@@ -1585,6 +1594,38 @@ fn reply_cases() -> Vec<ReplyCase> {
                 &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
                 &[0, 0, 0, 0],                // status: ok
                 &[0, 0, 0, 0],                // count: 0 entries
+            ]
+            .concat(),
+        },
+        ReplyCase {
+            name: "readdir (the last entries, feature DIR_END)".into(),
+            op: Op::Readdir,
+            id: 42,
+            result: Ok(Reply::Dir {
+                entries: vec![DirEntry {
+                    ino: N,
+                    offset: 2,
+                    kind: 8,
+                    name: b(b"file"),
+                    entry: None,
+                }],
+                end: true,
+            }),
+            expected: [
+                &[0x2d, 0, 0, 0][..],            // len: 45
+                &[2],                            // kind: reply
+                &[0],                            // flags
+                &[34, 0],                        // op: 34 readdir
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &[0, 0, 0, 0],                   // status: ok
+                &[1, 0, 0, 0],                   // count: 1 entry
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // [0].ino 0x1234
+                &[2, 0, 0, 0, 0, 0, 0, 0],       // [0].offset 2
+                &[8],                            // [0].kind DT_REG
+                &[4, 0],                         // [0].name length 4
+                b"file",                         // [0].name
+                &[0],                            // [0].entry: absent
+                &[1],                            // end: the directory has no more entries
             ]
             .concat(),
         },
@@ -2202,6 +2243,14 @@ fn every_truncation_is_reported_as_truncated() {
                 // A CREATE or WRITE reply cut right before the attributes it carries
                 // (DIR_ATTR, WRITE_ATTR) is a whole reply without them.
                 assert_eq!(n, body.len() - Attr::WIRE_LEN, "{}", c.name);
+                continue;
+            }
+            if let (Ok(Ok(Reply::Dir { end: false, .. })), Ok(Reply::Dir { end: true, .. })) =
+                (&r, &c.result)
+            {
+                // A listing's reply cut right before its end marker (DIR_END) is a whole
+                // reply without it.
+                assert_eq!(n, body.len() - 1, "{}", c.name);
                 continue;
             }
             assert!(

@@ -134,7 +134,7 @@ pub fn run_session(
         }
     };
     let watch = fs.watching();
-    let mut granted = hello.features & features::IO_BY_NODE;
+    let mut granted = hello.features & (features::IO_BY_NODE | features::DIR_END);
     if watch {
         granted |= features::PUSH_INVALIDATE;
         if fs.host_events {
@@ -148,6 +148,7 @@ pub fn run_session(
     }
     fs.dir_attr = granted & features::DIR_ATTR != 0;
     fs.write_attr = granted & features::WRITE_ATTR != 0;
+    fs.dir_end = granted & features::DIR_END != 0;
     fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
     let fs = Arc::new(fs);
     let terms = HelloReply {

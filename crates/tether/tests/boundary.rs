@@ -412,7 +412,7 @@ impl Guard {
             Reply::Attr(a) if self.outside_ino(a.ino) => {
                 Some(format!("attributes of outside inode {}", a.ino))
             }
-            Reply::Dir(entries) => entries.iter().find_map(|de| {
+            Reply::Dir { entries, .. } => entries.iter().find_map(|de| {
                 if self.has_marker(&de.name) {
                     return Some("a listing of the outside directory".into());
                 }
@@ -739,7 +739,7 @@ impl Client {
                 plus: false,
             },
         ) {
-            Ok(Reply::Dir(v)) => v.iter().map(|de| de.name.to_vec()).collect(),
+            Ok(Reply::Dir { entries: v, .. }) => v.iter().map(|de| de.name.to_vec()).collect(),
             other => panic!("readdir {node}: {}", errname(&other)),
         }
     }
@@ -1928,7 +1928,7 @@ fn symlink_attacks(fx: Fixture) {
             plus: true,
         },
     ) {
-        Ok(Reply::Dir(entries)) => {
+        Ok(Reply::Dir { entries, .. }) => {
             for de in entries {
                 if links.iter().any(|(n, _)| n.as_bytes() == &de.name[..]) {
                     assert_eq!(
@@ -2764,7 +2764,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             plus: true,
         },
     ) {
-        Ok(Reply::Dir(v)) => assert!(v.iter().any(|de| &de.name[..] == b"g")),
+        Ok(Reply::Dir { entries: v, .. }) => assert!(v.iter().any(|de| &de.name[..] == b"g")),
         other => panic!("readdir by handle: {}", errname(&other)),
     }
     match c.call(ROOT_CALLER, &Readlink { node: up.node }) {
@@ -2969,7 +2969,7 @@ fn listing_the_export_root_does_not_reveal_its_host_parent() {
                 plus,
             },
         ) {
-            Ok(Reply::Dir(v)) => {
+            Ok(Reply::Dir { entries: v, .. }) => {
                 let dotdot = v.iter().find(|de| &de.name[..] == b"..");
                 if let Some(de) = dotdot {
                     assert_ne!(

@@ -957,3 +957,73 @@ fn a_directorys_attributes_after_a_creation_are_known_without_asking() {
         (g.mtime(), g.mtime_nsec()) == (h.mtime(), h.mtime_nsec())
     });
 }
+
+/// The names of directory `dir`, read to its end.
+fn listed(dir: &Path) -> std::collections::BTreeSet<String> {
+    (fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+/// A listing to its end costs one READDIR per page of entries, not one more for the empty
+/// page after the last (the server says where the directory ends, feature DIR_END), and a
+/// listing after any change shows it: made on the host, through this mount, or renamed in.
+#[test]
+fn a_listing_ends_without_a_round_trip_and_still_shows_every_change() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let dir = t.export.join("ls");
+    fs::create_dir(&dir).unwrap();
+    fs::create_dir(t.export.join("elsewhere")).unwrap();
+    let mut want: std::collections::BTreeSet<String> = (0..20).map(|i| format!("f{i}")).collect();
+    for n in &want {
+        fs::write(dir.join(n), b"x").unwrap();
+    }
+    let mdir = t.mnt.join("ls");
+    assert_eq!(listed(&mdir), want);
+    for round in 0..3 {
+        // A push during the listing would have the server asked for its end after all.
+        pushes_settled(&t.mnt);
+        // Made through this mount, right after a listing ended (which also drops the
+        // listing the kernel cached, so the next one is asked for).
+        let name = format!("guest{round}");
+        fs::write(mdir.join(&name), b"g").unwrap();
+        want.insert(name);
+        let before = status(&t.mnt);
+        assert_eq!(listed(&mdir), want, "after a guest creation, round {round}");
+        let asked = sent(&status(&t.mnt), "READDIR") - sent(&before, "READDIR");
+        assert_eq!(
+            asked, 1,
+            "READDIRs for a listing of about 20 names, round {round}"
+        );
+        // Renamed in through this mount.
+        let name = format!("moved{round}");
+        fs::write(t.mnt.join("elsewhere").join(&name), b"m").unwrap();
+        assert_eq!(listed(&mdir), want);
+        fs::rename(t.mnt.join("elsewhere").join(&name), mdir.join(&name)).unwrap();
+        want.insert(name);
+        assert_eq!(listed(&mdir), want, "after a rename in, round {round}");
+        // Made on the host: shows once its invalidation is in.
+        let name = format!("host{round}");
+        fs::write(dir.join(&name), b"h").unwrap();
+        want.insert(name);
+        settled("the host's new name is listed", || listed(&mdir) == want);
+    }
+    // A listing of many pages gets every name once.
+    let big = t.export.join("big");
+    fs::create_dir(&big).unwrap();
+    let many: std::collections::BTreeSet<String> = (0..600)
+        .map(|i| format!("a-somewhat-long-name-{i:04}"))
+        .collect();
+    for n in &many {
+        fs::write(big.join(n), b"").unwrap();
+    }
+    let names: Vec<String> = (fs::read_dir(t.mnt.join("big")).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), many.len(), "names listed twice or not at all");
+    assert_eq!(
+        names.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        many
+    );
+}

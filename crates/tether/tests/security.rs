@@ -906,7 +906,7 @@ fn a_directory_handle_lists_only_its_own_node() {
                 plus: true
             }
         ),
-        Ok(Reply::Dir(_))
+        Ok(Reply::Dir { .. })
     ));
 }
 

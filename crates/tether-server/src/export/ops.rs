@@ -41,6 +41,8 @@ pub struct ExportFs {
     pub dir_attr: bool,
     /// WRITE replies carry the file's attributes (feature WRITE_ATTR).
     pub write_attr: bool,
+    /// READDIR replies say when the listing ended (feature DIR_END).
+    pub dir_end: bool,
     /// CREATE opens no handle (feature CREATE_NO_HANDLE).
     pub create_no_handle: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
@@ -154,6 +156,7 @@ impl ExportFs {
             host_events: host_events && watcher.is_some(),
             dir_attr: false,
             write_attr: false,
+            dir_end: false,
             create_no_handle: false,
             foreign_writers: DashMap::new(),
             locks: LockTable::default(),
@@ -1266,7 +1269,7 @@ impl ExportFs {
         let mut budget = size as usize;
         let mut entries = Vec::new();
         let mut failure = None;
-        sys::read_dir(dir.as_fd(), offset, |raw| {
+        let ended = sys::read_dir(dir.as_fd(), offset, |raw| {
             let need = tether_proto::fuse_dirent_size(raw.name.len(), plus);
             if need > budget {
                 return false;
@@ -1308,7 +1311,10 @@ impl ExportFs {
         if let (Some(e), true) = (failure, entries.is_empty()) {
             return Err(e);
         }
-        Ok(Reply::Dir(entries))
+        Ok(Reply::Dir {
+            entries,
+            end: ended && self.dir_end,
+        })
     }
 }
 

@@ -472,12 +472,13 @@ pub struct RawDirEntry {
 }
 
 /// Reads directory entries from `fd` starting at `offset` (a cookie from an earlier entry,
-/// or 0), calling `take` for each until it returns false or the directory ends.
+/// or 0), calling `take` for each until it returns false or the directory ends. Returns
+/// whether the directory ended (`take` took every entry).
 pub fn read_dir(
     fd: BorrowedFd<'_>,
     offset: u64,
     mut take: impl FnMut(RawDirEntry) -> bool,
-) -> SysResult<()> {
+) -> SysResult<bool> {
     lseek(fd, offset as i64, libc::SEEK_SET)?;
     let mut buf = vec![0u8; 32 * 1024];
     loop {
@@ -491,7 +492,7 @@ pub fn read_dir(
             ) as isize
         })?;
         if n == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let mut pos = 0;
         while pos < n {
@@ -512,7 +513,7 @@ pub fn read_dir(
                 name: name_area[..len].to_vec(),
             };
             if !take(entry) {
-                return Ok(());
+                return Ok(false);
             }
             pos += reclen;
         }
