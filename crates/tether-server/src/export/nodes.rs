@@ -226,7 +226,9 @@ impl NodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             kind: libc::S_IFDIR,
-            birth: sys::birth_time(root_fd.as_fd()),
+            birth: sys::fstat_born(root_fd.as_fd())
+                .ok()
+                .and_then(|(_, birth)| birth),
             fd: RwLock::new(Some(Arc::new(root_fd))),
             location: Mutex::new(None),
             lookups: AtomicU64::new(1),
