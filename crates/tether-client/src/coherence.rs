@@ -109,10 +109,22 @@ pub struct Coherence {
     /// made in them through this mount since: while nothing in one has been invalidated, a
     /// name not among them does not exist, and its LOOKUP needs no round trip.
     new_dirs: DashMap<NodeId, (u64, HashSet<Bytes>)>,
-    /// Directories whose last listing reached their end (feature DIR_END): the offset
-    /// after the last entry, the push sequence when that listing was asked for, and when
-    /// its reply came.
-    listing_ends: DashMap<NodeId, (u64, u64, Instant)>,
+    /// Directories whose last listing reached their end (feature DIR_END).
+    listing_ends: DashMap<NodeId, ListingEnd>,
+    /// Names made or moved through this mount, counted.
+    names_made: AtomicU64,
+}
+
+/// Where a listing of a directory ended, and what must not have changed since.
+struct ListingEnd {
+    /// The cookie of the last entry: the kernel's next READDIR asks from there.
+    offset: u64,
+    /// The push sequence when the listing was asked for.
+    sent: u64,
+    /// [`Coherence::names_made`] when the listing was asked for.
+    names: u64,
+    /// When its reply came.
+    at: Instant,
 }
 
 /// How long the end of a listing answers the request after it: the kernel asks right
@@ -163,6 +175,7 @@ impl Coherence {
             created: DashMap::new(),
             new_dirs: DashMap::new(),
             listing_ends: DashMap::new(),
+            names_made: AtomicU64::new(0),
         })
     }
 
@@ -275,29 +288,45 @@ impl Coherence {
         }
     }
 
-    /// A listing of watched directory `dir` asked for at push sequence `sent` reached the
-    /// directory's end after the entry with cookie `offset`, and the kernel got every entry.
-    pub fn listing_ended(&self, dir: NodeId, offset: u64, sent: u64) {
-        if self.cacheable(dir, sent) {
-            (self.listing_ends).insert(dir, (offset, sent, Instant::now()));
+    /// How many names were made (or moved somewhere) through this mount so far: taken
+    /// when a listing is asked for, for [`Coherence::listing_ended`].
+    pub fn names_made(&self) -> u64 {
+        self.names_made.load(Ordering::SeqCst)
+    }
+
+    /// A listing of watched directory `dir` asked for at push sequence `sent`, with
+    /// `names` made through this mount ([`Coherence::names_made`]), reached the directory's
+    /// end after the entry with cookie `offset`, and the kernel got every entry.
+    pub fn listing_ended(&self, dir: NodeId, offset: u64, sent: u64, names: u64) {
+        // A name made while the listing was on its way may be missing from it: no mark.
+        if self.cacheable(dir, sent) && self.names_made() == names {
+            let end = ListingEnd {
+                offset,
+                sent,
+                names,
+                at: Instant::now(),
+            };
+            self.listing_ends.insert(dir, end);
         }
     }
 
     /// True when a listing of `dir` after cookie `offset` surely has no entries: the
-    /// last listing ended there a moment ago, and since then nothing in `dir` was
-    /// invalidated (a change by the host or another mount) nor made through this mount.
-    /// Answers once.
+    /// last listing ended there a moment ago, and since it was asked for nothing in `dir`
+    /// was invalidated (a change by the host or another mount) and no name was made
+    /// anywhere through this mount. Answers once.
     pub fn listing_surely_ended(&self, dir: NodeId, offset: u64) -> bool {
         self.listing_ends
-            .remove_if(&dir, |_, end| end.0 == offset)
-            .is_some_and(|(_, (_, sent, at))| {
-                at.elapsed() < LISTING_END_FOR && self.still_cacheable(dir, sent)
+            .remove_if(&dir, |_, end| end.offset == offset)
+            .is_some_and(|(_, end)| {
+                end.at.elapsed() < LISTING_END_FOR
+                    && self.names_made() == end.names
+                    && self.still_cacheable(dir, end.sent)
             })
     }
 
     /// `name` now exists in `dir`, made or moved there through this mount.
     pub fn name_made(&self, dir: NodeId, name: &[u8]) {
-        self.listing_ends.remove(&dir);
+        self.names_made.fetch_add(1, Ordering::SeqCst);
         let full = match self.new_dirs.get_mut(&dir) {
             Some(mut d) if d.1.len() < NEW_DIR_NAMES_AT_MOST => {
                 d.1.insert(Bytes::copy_from_slice(name));
@@ -645,6 +674,59 @@ pub(crate) mod tests {
         let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap(), MAX_FRAME_LEN)
             .unwrap();
         co.on_push(h, Bytes::copy_from_slice(&frame[FRAME_HEADER_LEN..]));
+    }
+
+    /// The end of a listing answers the kernel's next READDIR once, at that offset, within
+    /// a second, and only while nothing could have added a name to the directory since the
+    /// listing was asked for.
+    #[test]
+    fn a_listing_end_answers_once_and_only_while_nothing_changed() {
+        let co = Coherence::new();
+        co.enable();
+        co.set_watched(5, true);
+        let asked = |co: &Coherence| (co.now(), co.names_made());
+
+        let (sent, names) = asked(&co);
+        co.listing_ended(5, 99, sent, names);
+        assert!(!co.listing_surely_ended(5, 98), "another offset");
+        assert!(co.listing_surely_ended(5, 99));
+        assert!(!co.listing_surely_ended(5, 99), "answered once");
+
+        // A name made through the mount, in any directory, after the listing was asked
+        // for: before its reply came, or after.
+        let (sent, names) = asked(&co);
+        co.name_made(6, b"made-meanwhile");
+        co.listing_ended(5, 99, sent, names);
+        assert!(
+            !co.listing_surely_ended(5, 99),
+            "made while the listing was on its way"
+        );
+        let (sent, names) = asked(&co);
+        co.listing_ended(5, 99, sent, names);
+        co.name_made(5, b"made-after");
+        assert!(!co.listing_surely_ended(5, 99), "made after the listing");
+
+        // The directory invalidated by a push: before the reply came, or after.
+        let (sent, names) = asked(&co);
+        push(&co, 1, &[Invalidation::Inode(5)]);
+        co.listing_ended(5, 99, sent, names);
+        assert!(!co.listing_surely_ended(5, 99), "pushed while on its way");
+        let (sent, names) = asked(&co);
+        co.listing_ended(5, 99, sent, names);
+        push(&co, 2, &[Invalidation::Inode(5)]);
+        assert!(!co.listing_surely_ended(5, 99), "pushed after");
+
+        // Not watched: no pushes would say when it changed.
+        co.set_watched(7, false);
+        let (sent, names) = asked(&co);
+        co.listing_ended(7, 99, sent, names);
+        assert!(!co.listing_surely_ended(7, 99), "an unwatched directory");
+
+        // Too old.
+        let (sent, names) = asked(&co);
+        co.listing_ended(5, 99, sent, names);
+        std::thread::sleep(LISTING_END_FOR + Duration::from_millis(50));
+        assert!(!co.listing_surely_ended(5, 99), "a second later");
     }
 
     #[test]

@@ -1185,6 +1185,7 @@ impl Filesystem for TetherFs {
             plus: false,
         };
         let (co, sent, dir) = (self.co.clone(), self.co.now(), ino.0);
+        let names = self.co.names_made();
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir { entries, end } => {
                 let mut full = false;
@@ -1202,7 +1203,7 @@ impl Filesystem for TetherFs {
                 }
                 reply.ok();
                 if let (true, false, Some(last)) = (end, full, last) {
-                    co.listing_ended(dir, last, sent);
+                    co.listing_ended(dir, last, sent, names);
                 }
                 Ok(())
             }
@@ -1233,6 +1234,7 @@ impl Filesystem for TetherFs {
         let listing_bytes = self.listing_bytes.clone();
         let (co, fallback, sent, dir) =
             (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
+        let names = self.co.names_made();
         let (conn, known) = (self.conn.clone(), self.known.clone());
         let (known_attrs, since) = (self.known_attrs.clone(), self.known_attrs.looking());
         let who = caller(req);
@@ -1290,7 +1292,7 @@ impl Filesystem for TetherFs {
                 }
                 reply.ok();
                 if let (true, false, Some(last)) = (end, full, last) {
-                    co.listing_ended(dir, last, sent);
+                    co.listing_ended(dir, last, sent, names);
                 }
                 if full {
                     // The kernel's buffer was smaller than asked for: ask for no more.

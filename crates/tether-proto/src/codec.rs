@@ -177,3 +177,24 @@ impl Decoder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end marker is the byte 1 alone: anything else is left for `finish` to refuse.
+    #[test]
+    fn a_marker_is_the_byte_one_and_nothing_else() {
+        let mut d = Decoder::new(Bytes::from_static(&[1]));
+        assert!(d.marker());
+        assert_eq!(d.finish(), Ok(()));
+        for other in [0u8, 2, 0xff] {
+            let mut d = Decoder::new(Bytes::copy_from_slice(&[other]));
+            assert!(!d.marker(), "{other}");
+            assert_eq!(d.finish(), Err(DecodeError::Trailing(1)), "{other}");
+        }
+        let mut d = Decoder::new(Bytes::new());
+        assert!(!d.marker());
+        assert_eq!(d.finish(), Ok(()));
+    }
+}

@@ -95,7 +95,7 @@ pub fn fstat_born(fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Option<(i64, u32
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: an empty path with AT_EMPTY_PATH names fd itself; stx is writable memory of
     // the right size.
-    cvt(unsafe {
+    let r = cvt(unsafe {
         libc::statx(
             fd.as_raw_fd(),
             c"".as_ptr(),
@@ -103,12 +103,19 @@ pub fn fstat_born(fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Option<(i64, u32
             libc::STATX_BASIC_STATS | libc::STATX_BTIME,
             stx.as_mut_ptr(),
         )
-    })?;
+    });
+    if r.is_err() {
+        // No statx (a kernel before 4.11, a seccomp filter that refuses it): fstat's
+        // error, if any, is the one to report.
+        return Ok((fstat(fd)?, None));
+    }
     // SAFETY: statx succeeded (and the buffer was zeroed before).
     let x = unsafe { stx.assume_init() };
+    let birth =
+        (x.stx_mask & libc::STATX_BTIME != 0).then_some((x.stx_btime.tv_sec, x.stx_btime.tv_nsec));
     if x.stx_mask & libc::STATX_BASIC_STATS != libc::STATX_BASIC_STATS {
         // Not all of what fstat reports (a remote file system inside the export): ask fstat.
-        return Ok((fstat(fd)?, None));
+        return Ok((fstat(fd)?, birth));
     }
     // SAFETY: all-zero is a valid libc::stat; every field fstat fills is set below.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -128,8 +135,6 @@ pub fn fstat_born(fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Option<(i64, u32
     st.st_mtime_nsec = x.stx_mtime.tv_nsec as _;
     st.st_ctime = x.stx_ctime.tv_sec;
     st.st_ctime_nsec = x.stx_ctime.tv_nsec as _;
-    let birth =
-        (x.stx_mask & libc::STATX_BTIME != 0).then_some((x.stx_btime.tv_sec, x.stx_btime.tv_nsec));
     Ok((st, birth))
 }
 
