@@ -1201,10 +1201,11 @@ impl Filesystem for TetherFs {
                         break;
                     }
                 }
-                reply.ok();
+                // Before the reply: the kernel asks for what follows as soon as it has it.
                 if let (true, false, Some(last)) = (end, full, last) {
                     co.listing_ended(dir, last, sent, names);
                 }
+                reply.ok();
                 Ok(())
             }
             _ => Err(reply),
@@ -1290,10 +1291,11 @@ impl Filesystem for TetherFs {
                         unused.push((entry.node, 1));
                     }
                 }
-                reply.ok();
+                // Before the reply: the kernel asks for what follows as soon as it has it.
                 if let (true, false, Some(last)) = (end, full, last) {
                     co.listing_ended(dir, last, sent, names);
                 }
+                reply.ok();
                 if full {
                     // The kernel's buffer was smaller than asked for: ask for no more.
                     let fits = (fitted as u32).next_multiple_of(4096).max(4096);
