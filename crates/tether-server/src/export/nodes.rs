@@ -289,11 +289,10 @@ impl NodeTable {
         name: CString,
     ) -> Arc<Node> {
         let mut id = self.id_for(st.st_dev, st.st_ino);
-        let birth = || birth;
         // A held node whose descriptor was evicted may be an older file with this number.
         let held = self.nodes.get(&id).map(|n| n.clone());
         if let Some(old) = held.filter(|n| !n.has_fd()) {
-            if !old.same_file(st, birth()) {
+            if !old.same_file(st, birth) {
                 id = self.reassign(st.st_dev, st.st_ino, id);
             }
         }
@@ -302,11 +301,11 @@ impl NodeTable {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
                 Arc::new(Node {
                     id,
-                    generation: generation_of(birth()),
+                    generation: generation_of(birth),
                     dev: st.st_dev,
                     ino: st.st_ino,
                     kind: st.st_mode & libc::S_IFMT,
-                    birth: birth(),
+                    birth,
                     fd: RwLock::new(None),
                     location: Mutex::new(None),
                     lookups: AtomicU64::new(0),

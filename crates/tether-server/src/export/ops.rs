@@ -240,8 +240,8 @@ impl ExportFs {
         name: CString,
     ) -> SysResult<Entry> {
         let fd = sys::open_path(parent_fd, &name)?;
-        let st = sys::fstat_born(fd.as_fd())?;
-        self.entry_for(parent, fd, (&st.0, st.1), name)
+        let (st, birth) = sys::fstat_born(fd.as_fd())?;
+        self.entry_for(parent, fd, (&st, birth), name)
     }
 
     /// Records a lookup of `fd` (found as `name` in `parent`), watching it if it is a new
@@ -838,8 +838,8 @@ impl ExportFs {
                 };
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
-                let st = sys::fstat_born(path_fd.as_fd())?;
-                let mut entry = self.entry_for(parent, path_fd, (&st.0, st.1), name)?;
+                let (st, birth) = sys::fstat_born(path_fd.as_fd())?;
+                let mut entry = self.entry_for(parent, path_fd, (&st, birth), name)?;
                 if new_file {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
