@@ -289,9 +289,8 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
         Ok(())
     };
     loop {
-        let r = reader.lock().unwrap();
         let (h, body) = {
-            let mut r = r;
+            let mut r = reader.lock().unwrap();
             loop {
                 let Some((h, body)) = read_frame(&mut **r, MAX_FRAME_LEN)? else {
                     return Ok(());

@@ -473,11 +473,16 @@ impl ExportFs {
         if fh != 0 {
             return self.file(node, fh);
         }
+        Ok(Arc::new(Handle::File(self.reopen_file(node, flags)?)))
+    }
+
+    /// Regular file `node` opened with `flags`, for I/O addressed by node.
+    fn reopen_file(&self, node: NodeId, flags: i32) -> SysResult<OwnedFd> {
         let (n, fd) = self.openable_node(node)?;
         if n.is_dir() {
             return Err(WireErrno::EISDIR);
         }
-        Ok(Arc::new(Handle::File(self.reopen(&fd, flags)?)))
+        self.reopen(&fd, flags)
     }
 
     /// The descriptor a WRITE goes through: handle `fh`, or for writes by node (`fh` 0) the
@@ -489,11 +494,7 @@ impl ExportFs {
         if let Some(fd) = self.writers.get(node) {
             return Ok(WriteFd::Kept(fd));
         }
-        let (n, fd) = self.openable_node(node)?;
-        if n.is_dir() {
-            return Err(WireErrno::EISDIR);
-        }
-        let f = self.reopen(&fd, libc::O_WRONLY)?;
+        let f = self.reopen_file(node, libc::O_WRONLY)?;
         Ok(WriteFd::Kept(self.writers.keep(node, f)))
     }
 
