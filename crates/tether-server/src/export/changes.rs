@@ -400,6 +400,30 @@ mod tests {
         );
     }
 
+    /// A lookup reads a file's status, then a host write lands and the watcher handles its
+    /// event before the lookup has made the file a node: nothing is pushed for a file the
+    /// client does not hold, so the reply must carry the state after the write (seen about
+    /// once in 25 loaded runs of fsx.rs's rename test as a first read of 0 bytes).
+    #[test]
+    fn a_lookup_that_a_host_write_overtakes_answers_with_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let fs = watched_session(dir.path());
+        drain(&fs);
+        let (_, root_fd) = fs.node_fd(ROOT_NODE).unwrap();
+        let name = CString::new("f").unwrap();
+        let fd = sys::open_path(root_fd.as_fd(), &name).unwrap();
+        let (before, birth) = sys::fstat_born(fd.as_fd()).unwrap();
+        assert_eq!(before.st_size, 0);
+        std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
+        drain(&fs);
+        let entry = fs.entry_for(ROOT_NODE, fd, (&before, birth), name).unwrap();
+        assert_eq!(
+            entry.attr.size, 4096,
+            "the reply has the size from before the write"
+        );
+    }
+
     /// WRITE_ATTR: the reply carries the state after the write, the one the echo check read
     /// (its size and ctime are the host's), and the write's echo is not pushed.
     #[test]

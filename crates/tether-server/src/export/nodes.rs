@@ -280,14 +280,14 @@ impl NodeTable {
 
     /// Records one more lookup of the object `fd` (an O_PATH descriptor just opened as
     /// `name` in `parent`, with its status and birth time as [`sys::fstat_born`] read them)
-    /// and returns its node.
+    /// and returns its node, and whether the node is new.
     pub fn remember(
         &self,
         fd: OwnedFd,
         (st, birth): (&libc::stat, Option<(i64, u32)>),
         parent: NodeId,
         name: CString,
-    ) -> Arc<Node> {
+    ) -> (Arc<Node>, bool) {
         let mut id = self.id_for(st.st_dev, st.st_ino);
         // A held node whose descriptor was evicted may be an older file with this number.
         let held = self.nodes.get(&id).map(|n| n.clone());
@@ -297,8 +297,10 @@ impl NodeTable {
             }
         }
         let location = Location { parent, name };
+        let mut new = false;
         let node = {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
+                new = true;
                 Arc::new(Node {
                     id,
                     generation: generation_of(birth),
@@ -335,7 +337,7 @@ impl NodeTable {
         if installed {
             self.budget.opened(&node);
         }
-        node
+        (node, new)
     }
 
     /// Gives (dev, ino), whose id `old` now belongs to an older file the client still holds,

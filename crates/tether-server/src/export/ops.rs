@@ -246,16 +246,20 @@ impl ExportFs {
 
     /// Records a lookup of `fd` (found as `name` in `parent`), watching it if it is a new
     /// directory, and builds its entry.
-    fn entry_for(
+    pub(super) fn entry_for(
         &self,
         parent: NodeId,
         fd: OwnedFd,
         (st, birth): (&libc::stat, Option<(i64, u32)>),
         name: CString,
     ) -> SysResult<Entry> {
-        let node = self.nodes.remember(fd, (st, birth), parent, name);
+        let (node, new) = self.nodes.remember(fd, (st, birth), parent, name);
+        let mut st = *st;
         let mut flags = 0;
         if let Some(w) = &self.watcher {
+            if new {
+                st = self.state_now(&node, st)?;
+            }
             if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
                 let fd = self.nodes.fd(&node)?;
                 if w.watch(node.id, &fd) {
@@ -275,8 +279,23 @@ impl ExportFs {
             node: node.id,
             generation: node.generation,
             flags,
-            attr: self.attr_of(st, node.id),
+            attr: self.attr_of(&st, node.id),
         })
+    }
+
+    /// The state to answer with for `node`, new to the client, whose status `st` was read
+    /// before it was remembered. The watcher pushes nothing for a file the client holds no
+    /// node of, so a host change between that read and now was told to nobody: answer
+    /// with what is there now, which then is what the client is coherent with.
+    fn state_now(&self, node: &Arc<Node>, st: libc::stat) -> SysResult<libc::stat> {
+        let fd = self.nodes.fd(node)?;
+        let mut synced = node.synced_ctime.lock().unwrap();
+        let now = sys::fstat(fd.as_fd())?;
+        if (now.st_ctime, now.st_ctime_nsec) == (st.st_ctime, st.st_ctime_nsec) {
+            return Ok(st);
+        }
+        *synced = (now.st_ctime, now.st_ctime_nsec);
+        Ok(now)
     }
 
     /// Runs this session's own change of `node` (through descriptor `fd`) so that its echo
