@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,7 +67,13 @@ impl ExportFs {
             return Changes::default();
         };
         let (events, mut by_others) = match w.read(timeout) {
-            Ok(Batch::Events(e, foreign)) => (e, foreign),
+            Ok(Batch::Events(e, foreign)) => {
+                // Before any node is looked for (ops.rs, `state_now`).
+                if !e.is_empty() || !foreign.is_empty() {
+                    self.batches_seen.fetch_add(1, Ordering::SeqCst);
+                }
+                (e, foreign)
+            }
             Ok(Batch::Overflow) => {
                 tracing::warn!("watch queue overflowed: invalidating everything the client holds");
                 return Changes {
@@ -412,12 +419,15 @@ mod tests {
         drain(&fs);
         let (_, root_fd) = fs.node_fd(ROOT_NODE).unwrap();
         let name = CString::new("f").unwrap();
+        let seen = fs.batches_seen.load(Ordering::SeqCst);
         let fd = sys::open_path(root_fd.as_fd(), &name).unwrap();
         let (before, birth) = sys::fstat_born(fd.as_fd()).unwrap();
         assert_eq!(before.st_size, 0);
         std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
         drain(&fs);
-        let entry = fs.entry_for(ROOT_NODE, fd, (&before, birth), name).unwrap();
+        let entry = fs
+            .entry_for(ROOT_NODE, fd, (&before, birth), name, seen)
+            .unwrap();
         assert_eq!(
             entry.attr.size, 4096,
             "the reply has the size from before the write"

@@ -47,6 +47,9 @@ pub struct ExportFs {
     pub create_no_handle: bool,
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
     pub(super) foreign_writers: DashMap<(u64, u64), ()>,
+    /// Batches of watch events taken in hand so far, counted before any is looked at: a
+    /// lookup during which it moved may have had its change told to nobody (`state_now`).
+    pub(super) batches_seen: AtomicU64,
     /// Ownership as this session's guest sees it.
     pub ids: SessionIds,
     /// The host descriptions that carry this session's guest locks (locks.rs).
@@ -159,6 +162,7 @@ impl ExportFs {
             dir_end: false,
             create_no_handle: false,
             foreign_writers: DashMap::new(),
+            batches_seen: AtomicU64::new(0),
             locks: LockTable::default(),
             readahead: ReadAhead::default(),
             writers: Arc::default(),
@@ -239,25 +243,28 @@ impl ExportFs {
         parent_fd: BorrowedFd<'_>,
         name: CString,
     ) -> SysResult<Entry> {
+        let seen = self.batches_seen.load(Ordering::SeqCst);
         let fd = sys::open_path(parent_fd, &name)?;
         let (st, birth) = sys::fstat_born(fd.as_fd())?;
-        self.entry_for(parent, fd, (&st, birth), name)
+        self.entry_for(parent, fd, (&st, birth), name, seen)
     }
 
-    /// Records a lookup of `fd` (found as `name` in `parent`), watching it if it is a new
-    /// directory, and builds its entry.
+    /// Records a lookup of `fd` (found as `name` in `parent`, its status `st` read when
+    /// [`ExportFs::batches_seen`] was `seen`), watching it if it is a new directory, and
+    /// builds its entry.
     pub(super) fn entry_for(
         &self,
         parent: NodeId,
         fd: OwnedFd,
         (st, birth): (&libc::stat, Option<(i64, u32)>),
         name: CString,
+        seen: u64,
     ) -> SysResult<Entry> {
         let (node, new) = self.nodes.remember(fd, (st, birth), parent, name);
         let mut st = *st;
         let mut flags = 0;
         if let Some(w) = &self.watcher {
-            if new {
+            if new && self.batches_seen.load(Ordering::SeqCst) != seen {
                 st = self.state_now(&node, st)?;
             }
             if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
@@ -286,7 +293,9 @@ impl ExportFs {
     /// The state to answer with for `node`, new to the client, whose status `st` was read
     /// before it was remembered. The watcher pushes nothing for a file the client holds no
     /// node of, so a host change between that read and now was told to nobody: answer
-    /// with what is there now, which then is what the client is coherent with.
+    /// with what is there now, which then is what the client is coherent with. Only asked
+    /// when the watcher took a batch of events in hand meanwhile: it counts the batch before
+    /// it looks for any node, so a batch that missed this node is counted by then.
     fn state_now(&self, node: &Arc<Node>, st: libc::stat) -> SysResult<libc::stat> {
         let fd = self.nodes.fd(node)?;
         let mut synced = node.synced_ctime.lock().unwrap();
@@ -858,8 +867,9 @@ impl ExportFs {
                 };
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
+                let seen = self.batches_seen.load(Ordering::SeqCst);
                 let (st, birth) = sys::fstat_born(path_fd.as_fd())?;
-                let mut entry = self.entry_for(parent, path_fd, (&st, birth), name)?;
+                let mut entry = self.entry_for(parent, path_fd, (&st, birth), name, seen)?;
                 if new_file {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
