@@ -43,7 +43,8 @@ const LISTED_FOR: Duration = Duration::from_secs(2);
 const LISTED_AT_MOST: usize = 4096;
 /// Threads listing at once. Two overlap the server's work on one directory with the
 /// client's and the kernel's on another: a cold `stat` of 100 directories of 100 files took
-/// 0.26 s with one and 0.22 s with two or three (docs/benchmarks.md).
+/// 0.27 s with one and 0.22 s with two or three beside other mounts, and about 4% less
+/// with two on fresh mounts, within the spread there (docs/benchmarks.md).
 const LISTERS: usize = 2;
 /// Directories waiting for a lister; one that finds the queue full is tried again at its
 /// next misses.
