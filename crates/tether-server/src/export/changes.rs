@@ -434,6 +434,33 @@ mod tests {
         );
     }
 
+    /// As above, with a second lookup of the file, made after the write, recording the node
+    /// first: the late first reply must not carry the older size either, or the client
+    /// keeps whichever comes last (the rename test again, once the client listed a
+    /// directory with two threads at once).
+    #[test]
+    fn a_lookup_overtaken_by_a_write_and_another_lookup_answers_with_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        let fs = watched_session(dir.path());
+        drain(&fs);
+        let (_, root_fd) = fs.node_fd(ROOT_NODE).unwrap();
+        let name = CString::new("f").unwrap();
+        let seen = fs.batches_seen.load(Ordering::SeqCst);
+        let fd = sys::open_path(root_fd.as_fd(), &name).unwrap();
+        let (before, birth) = sys::fstat_born(fd.as_fd()).unwrap();
+        std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
+        drain(&fs);
+        lookup(&fs, b"f");
+        let entry = fs
+            .entry_for(ROOT_NODE, fd, (&before, birth), name, seen)
+            .unwrap();
+        assert_eq!(
+            entry.attr.size, 4096,
+            "the late reply has the size from before the write"
+        );
+    }
+
     /// WRITE_ATTR: the reply carries the state after the write, the one the echo check read
     /// (its size and ctime are the host's), and the write's echo is not pushed.
     #[test]

@@ -264,8 +264,8 @@ impl ExportFs {
         let mut st = *st;
         let mut flags = 0;
         if let Some(w) = &self.watcher {
-            if new && self.batches_seen.load(Ordering::SeqCst) != seen {
-                st = self.state_now(&node, st)?;
+            if self.batches_seen.load(Ordering::SeqCst) != seen {
+                st = self.state_now(&node, st, new)?;
             }
             if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
                 let fd = self.nodes.fd(&node)?;
@@ -290,20 +290,26 @@ impl ExportFs {
         })
     }
 
-    /// The state to answer with for `node`, new to the client, whose status `st` was read
-    /// before it was remembered. The watcher pushes nothing for a file the client holds no
-    /// node of, so a host change between that read and now was told to nobody: answer
-    /// with what is there now, which then is what the client is coherent with. Only asked
-    /// when the watcher took a batch of events in hand meanwhile: it counts the batch before
-    /// it looks for any node, so a batch that missed this node is counted by then.
-    fn state_now(&self, node: &Arc<Node>, st: libc::stat) -> SysResult<libc::stat> {
+    /// The state to answer a lookup of `node` with, whose status `st` was read before the
+    /// node was remembered, when the watcher took a batch of events in hand meanwhile (it
+    /// counts the batch before it looks for any node, so a batch that missed this node is
+    /// counted by then). The watcher pushes nothing for a file the client holds no node of,
+    /// so a host change between that read and now may have been told to nobody: answer with
+    /// what is there now. Also when another lookup of the same file, in flight beside this
+    /// one, made the node: that one may have read the new state, and the client would keep
+    /// whichever reply comes last. For a node `new` here, the state now is what the client
+    /// is coherent with; for one it may already hold, that is left to the watcher, which
+    /// pushes the change if it has not yet.
+    fn state_now(&self, node: &Arc<Node>, st: libc::stat, new: bool) -> SysResult<libc::stat> {
         let fd = self.nodes.fd(node)?;
         let mut synced = node.synced_ctime.lock().unwrap();
         let now = sys::fstat(fd.as_fd())?;
         if (now.st_ctime, now.st_ctime_nsec) == (st.st_ctime, st.st_ctime_nsec) {
             return Ok(st);
         }
-        *synced = (now.st_ctime, now.st_ctime_nsec);
+        if new {
+            *synced = (now.st_ctime, now.st_ctime_nsec);
+        }
         Ok(now)
     }
 
