@@ -67,6 +67,9 @@ pub struct Counters {
     pub invalidations: AtomicU64,
     /// Entries the client listed through the mount ahead of a walk's LOOKUPs (prefetch.rs).
     pub listed: AtomicU64,
+    /// Directories being listed ahead now, and the most at once.
+    pub listing_now: AtomicU64,
+    pub listing_most: AtomicU64,
     /// Runs of partly written pages dropped (partial_pages.rs).
     pub partial_pages_dropped: AtomicU64,
 }

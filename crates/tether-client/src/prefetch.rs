@@ -42,9 +42,8 @@ const LISTED_FOR: Duration = Duration::from_secs(2);
 /// Entries listed per directory at most: a lookup in a huge directory must not fetch it all.
 const LISTED_AT_MOST: usize = 4096;
 /// Threads listing at once. Two overlap the server's work on one directory with the
-/// client's and the kernel's on another: a cold `stat` of 100 directories of 100 files took
-/// 0.27 s with one and 0.22 s with two or three beside other mounts, and about 4% less
-/// with two on fresh mounts, within the spread there (docs/benchmarks.md).
+/// client's and the kernel's on another: `tether bench`'s cold `stat` of 100 directories
+/// of 100 files took 0.23 s with one and 0.17 s with two (docs/benchmarks.md).
 const LISTERS: usize = 2;
 /// Directories waiting for a lister; one that finds the queue full is tried again at its
 /// next misses.
@@ -154,7 +153,15 @@ fn list_loop(rx: &Mutex<Receiver<NodeId>>, mount: &MountDir, known: &Known, co: 
         let Some(path) = known.path_of(dir) else {
             continue;
         };
-        match mount.with_path(|root| list(root, path.as_os_str().as_bytes())) {
+        let listing = |root: BorrowedFd<'_>| {
+            let c = &co.counters;
+            let now = c.listing_now.fetch_add(1, Ordering::Relaxed) + 1;
+            c.listing_most.fetch_max(now, Ordering::Relaxed);
+            let listed = list(root, path.as_os_str().as_bytes());
+            c.listing_now.fetch_sub(1, Ordering::Relaxed);
+            listed
+        };
+        match mount.with_path(listing) {
             Some(Ok(n)) => {
                 co.counters.listed.fetch_add(n as u64, Ordering::Relaxed);
             }

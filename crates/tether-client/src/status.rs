@@ -132,6 +132,7 @@ fn answer(
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
+         directories listed ahead at once, at most: {}\n\
          partly written page runs dropped: {}\n{writeback}",
         conn.peer,
         if conn.hello.read_only {
@@ -147,6 +148,7 @@ fn answer(
         co.counters.invalidations.load(Ordering::Relaxed),
         sent.join(", "),
         co.counters.listed.load(Ordering::Relaxed),
+        co.counters.listing_most.load(Ordering::Relaxed),
         co.counters.partial_pages_dropped.load(Ordering::Relaxed),
     );
     s.write_all(report.as_bytes())

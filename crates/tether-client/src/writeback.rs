@@ -38,7 +38,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -547,7 +547,9 @@ fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<KernelAttrs> {
 /// process first pauses it ([`MountDir::pause`]).
 pub struct MountDir {
     path: PathBuf,
-    state: Mutex<DirState>,
+    /// Read-locked by each use of a descriptor (several at once: the prefetch's listers and
+    /// the flusher), write-locked to change it, so that a pause waits for them all.
+    state: RwLock<DirState>,
     /// The mount's device number, once known.
     dev: std::sync::OnceLock<u64>,
 }
@@ -588,7 +590,7 @@ impl MountDir {
     pub fn new(path: PathBuf) -> MountDir {
         MountDir {
             path,
-            state: Mutex::new(DirState::Open),
+            state: RwLock::new(DirState::Open),
             dev: std::sync::OnceLock::new(),
         }
     }
@@ -619,7 +621,7 @@ impl MountDir {
     /// Opens the root with `flags` while the mount is open and holds the state's lock
     /// (so that [`MountDir::pause`] waits), checks that it is the mount, runs `f` on it.
     fn with_root<T>(&self, flags: i32, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        let state = self.state.lock().unwrap();
+        let state = self.state.read().unwrap();
         if *state != DirState::Open {
             return None;
         }
@@ -644,7 +646,7 @@ impl MountDir {
 
     /// The unmount did not happen (files open): go on.
     pub fn resume(&self) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.write().unwrap();
         if *state == DirState::Paused {
             *state = DirState::Open;
         }
@@ -656,11 +658,11 @@ impl MountDir {
     }
 
     fn is_gone(&self) -> bool {
-        *self.state.lock().unwrap() == DirState::Gone
+        *self.state.read().unwrap() == DirState::Gone
     }
 
     fn set(&self, to: DirState) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.write().unwrap();
         if *state != DirState::Gone {
             *state = to;
         }

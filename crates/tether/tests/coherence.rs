@@ -687,6 +687,36 @@ fn names_in_a_directory_the_guest_made_are_known_without_asking() {
     });
 }
 
+/// The client's listers work at once: nothing holds one back while the other lists (they
+/// used to take turns on the lock of the mount's root descriptor, which made the second
+/// one useless). A cold walk of many directories then waits for half as many listings.
+#[test]
+fn directories_are_listed_ahead_two_at_a_time() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let (dirs, files) = (12, 300);
+    for d in 0..dirs {
+        fs::create_dir_all(t.export.join(format!("w/d{d:02}"))).unwrap();
+        for f in 0..files {
+            fs::write(t.export.join(format!("w/d{d:02}/f{f}")), b"x").unwrap();
+        }
+    }
+    pushes_settled(&t.mnt);
+    let listed = "entries listed ahead of lookups";
+    let before = counter(&status(&t.mnt), listed);
+    // Two misses in each directory queue its listing.
+    for f in 0..2 {
+        for d in 0..dirs {
+            fs::symlink_metadata(t.mnt.join(format!("w/d{d:02}/f{f}"))).unwrap();
+        }
+    }
+    settled("the listings", || {
+        counter(&status(&t.mnt), listed) >= before + dirs * files
+    });
+    let at_once = "directories listed ahead at once, at most";
+    assert_eq!(counter(&status(&t.mnt), at_once), 2);
+}
+
 /// A cold walk by known paths: after two LOOKUPs in a directory the client lists it once
 /// through the mount, and the kernel finds the next names in its dentry cache
 /// (prefetch.rs); a host change made after the listing still shows.
