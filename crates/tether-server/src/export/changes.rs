@@ -407,12 +407,10 @@ mod tests {
         );
     }
 
-    /// A lookup reads a file's status, then a host write lands and the watcher handles its
-    /// event before the lookup has made the file a node: nothing is pushed for a file the
-    /// client does not hold, so the reply must carry the state after the write (seen about
-    /// once in 25 loaded runs of fsx.rs's rename test as a first read of 0 bytes).
-    #[test]
-    fn a_lookup_that_a_host_write_overtakes_answers_with_the_write() {
+    /// The size a lookup of the empty file "f" answers with, when a host write of 4,096
+    /// bytes lands after the lookup read the file's status and the watcher handles its
+    /// event before the lookup records the node; `meanwhile` runs just before that.
+    fn size_answered_after_a_write_overtakes(meanwhile: impl FnOnce(&ExportFs)) -> u64 {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), b"").unwrap();
         let fs = watched_session(dir.path());
@@ -425,13 +423,20 @@ mod tests {
         assert_eq!(before.st_size, 0);
         std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
         drain(&fs);
+        meanwhile(&fs);
         let entry = fs
             .entry_for(ROOT_NODE, fd, (&before, birth), name, seen)
             .unwrap();
-        assert_eq!(
-            entry.attr.size, 4096,
-            "the reply has the size from before the write"
-        );
+        entry.attr.size
+    }
+
+    /// Nothing is pushed for a file the client does not hold, so the reply must carry the
+    /// state after the write (seen about once in 25 loaded runs of fsx.rs's rename test as
+    /// a first read of 0 bytes).
+    #[test]
+    fn a_lookup_that_a_host_write_overtakes_answers_with_the_write() {
+        let size = size_answered_after_a_write_overtakes(|_| {});
+        assert_eq!(size, 4096, "the reply has the size from before the write");
     }
 
     /// As above, with a second lookup of the file, made after the write, recording the node
@@ -440,23 +445,11 @@ mod tests {
     /// directory with two threads at once).
     #[test]
     fn a_lookup_overtaken_by_a_write_and_another_lookup_answers_with_the_write() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"").unwrap();
-        let fs = watched_session(dir.path());
-        drain(&fs);
-        let (_, root_fd) = fs.node_fd(ROOT_NODE).unwrap();
-        let name = CString::new("f").unwrap();
-        let seen = fs.batches_seen.load(Ordering::SeqCst);
-        let fd = sys::open_path(root_fd.as_fd(), &name).unwrap();
-        let (before, birth) = sys::fstat_born(fd.as_fd()).unwrap();
-        std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
-        drain(&fs);
-        lookup(&fs, b"f");
-        let entry = fs
-            .entry_for(ROOT_NODE, fd, (&before, birth), name, seen)
-            .unwrap();
+        let size = size_answered_after_a_write_overtakes(|fs| {
+            lookup(fs, b"f");
+        });
         assert_eq!(
-            entry.attr.size, 4096,
+            size, 4096,
             "the late reply has the size from before the write"
         );
     }
