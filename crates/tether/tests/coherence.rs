@@ -717,6 +717,54 @@ fn directories_are_listed_ahead_two_at_a_time() {
     assert_eq!(counter(&status(&t.mnt), at_once), 2);
 }
 
+/// A cold walk through directories in sorted order (git's, tar's): after it misses in one,
+/// the client lists the next ones ahead of it, more of them once the walk comes where
+/// that plan led (prefetch.rs), and their names then need no LOOKUP.
+#[test]
+fn a_sorted_walk_finds_the_next_directories_listed_ahead() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let files = 10;
+    for d in 0..16 {
+        fs::create_dir_all(t.export.join(format!("w/d{d:02}"))).unwrap();
+        for f in 0..files {
+            fs::write(t.export.join(format!("w/d{d:02}/f{f}")), b"x").unwrap();
+        }
+    }
+    pushes_settled(&t.mnt);
+    let listed = "entries listed ahead of lookups";
+    let stat_dirs = |dirs: std::ops::Range<usize>| {
+        let before = status(&t.mnt);
+        for d in dirs {
+            for f in 0..files {
+                fs::symlink_metadata(t.mnt.join(format!("w/d{d:02}/f{f}"))).unwrap();
+            }
+        }
+        sent(&status(&t.mnt), "LOOKUP") - sent(&before, "LOOKUP")
+    };
+    let miss_in = |d: usize| {
+        for f in 0..2 {
+            fs::symlink_metadata(t.mnt.join(format!("w/d{d:02}/f{f}"))).unwrap();
+        }
+    };
+
+    // Two misses in d00 list it, then four more: w (to find d00's siblings), d01-d03.
+    let before = counter(&status(&t.mnt), listed);
+    miss_in(0);
+    settled("the first plan", || {
+        counter(&status(&t.mnt), listed) >= before + files + 16 + 3 * files
+    });
+    assert_eq!(stat_dirs(1..4), 0, "LOOKUPs in d01-d03, listed ahead");
+
+    // The walk came just past that plan: the next lists eight.
+    let before = counter(&status(&t.mnt), listed);
+    miss_in(4);
+    settled("the second plan", || {
+        counter(&status(&t.mnt), listed) >= before + files + 8 * files
+    });
+    assert_eq!(stat_dirs(5..13), 0, "LOOKUPs in d05-d12, listed ahead");
+}
+
 /// A cold walk by known paths: after two LOOKUPs in a directory the client lists it once
 /// through the mount, and the kernel finds the next names in its dentry cache
 /// (prefetch.rs); a host change made after the listing still shows.
