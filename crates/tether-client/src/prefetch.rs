@@ -14,7 +14,9 @@
 //! of those ahead of it ([`Plan`], from the subdirectories their listings showed): four at
 //! first, twice as many each time the walk misses where the last plan led, up to
 //! [`AHEAD_MOST`], as readahead grows for a sequential read. A miss elsewhere starts a new
-//! plan of four.
+//! plan of four. A directory whose own listing is not in yet is passed for its siblings,
+//! so that the listers never wait for each other; a walk that then goes into it misses
+//! there and starts a plan of its own.
 //!
 //! [`LISTERS`] threads list, so that while the kernel makes one directory's entries into
 //! dentries (in the lister's `getdents`) the server already reads the next directory.
