@@ -186,8 +186,16 @@ struct Listed {
     subdirs: Option<Arc<Vec<OsString>>>,
 }
 
-/// Directories to list ahead of a walk, in sorted depth-first order after the one it
-/// last missed in: the order of git's index, of tar and `cp -r`, of most file lists.
+impl Listed {
+    /// Listed within [`LISTED_FOR`], and the kernel forgot no listed name since.
+    fn fresh(&self, forgets: u64) -> bool {
+        self.forgets == forgets && self.at.elapsed() < LISTED_FOR
+    }
+}
+
+/// Directories to list ahead of a walk, in sorted order after the one it last missed in
+/// (depth first where listings showed subdirectories): the order of git's index, of tar
+/// and `cp -r`, of most file lists.
 struct Plan {
     /// The directory planned last; the next one follows it in that order.
     cursor: PathBuf,
@@ -235,16 +243,13 @@ struct Jobs {
 
 impl Jobs {
     fn fresh(&self, path: &Path, forgets: u64) -> Option<&Listed> {
-        self.recent
-            .get(path)
-            .filter(|l| l.forgets == forgets && l.at.elapsed() < LISTED_FOR)
+        self.recent.get(path).filter(|l| l.fresh(forgets))
     }
 
     /// Records `path` as being listed now.
     fn claim(&mut self, path: &Path, forgets: u64) {
         if self.recent.len() >= REMEMBERED_AT_MOST {
-            self.recent
-                .retain(|_, l| l.forgets == forgets && l.at.elapsed() < LISTED_FOR);
+            self.recent.retain(|_, l| l.fresh(forgets));
         }
         let listed = Listed {
             at: Instant::now(),
@@ -254,7 +259,8 @@ impl Jobs {
         self.recent.insert(path.to_path_buf(), listed);
     }
 
-    /// The directory after `from` in sorted depth-first order, from what listings said.
+    /// The directory after `from` in sorted order, from what listings said: its first
+    /// subdirectory if its listing is in, else its next sibling (or its parent's...).
     fn after(&self, from: &Path, forgets: u64) -> Next {
         let subdirs = |p: &Path| match self.fresh(p, forgets) {
             None => Err(Next::List(p.to_path_buf())),
