@@ -243,8 +243,14 @@ impl ExportFs {
         parent_fd: BorrowedFd<'_>,
         name: CString,
     ) -> SysResult<Entry> {
-        let seen = self.batches_seen.load(Ordering::SeqCst);
         let fd = sys::open_path(parent_fd, &name)?;
+        self.entry_of(parent, fd, name)
+    }
+
+    /// Reads the status of `fd` (found as `name` in `parent`) and records the lookup
+    /// ([`ExportFs::entry_for`]), noting the watcher's batch count before the read.
+    fn entry_of(&self, parent: NodeId, fd: OwnedFd, name: CString) -> SysResult<Entry> {
+        let seen = self.batches_seen.load(Ordering::SeqCst);
         let (st, birth) = sys::fstat_born(fd.as_fd())?;
         self.entry_for(parent, fd, (&st, birth), name, seen)
     }
@@ -873,9 +879,7 @@ impl ExportFs {
                 };
                 // The node gets its own O_PATH descriptor of the very inode just opened.
                 let path_fd = self.reopen(&f, libc::O_PATH)?;
-                let seen = self.batches_seen.load(Ordering::SeqCst);
-                let (st, birth) = sys::fstat_born(path_fd.as_fd())?;
-                let mut entry = self.entry_for(parent, path_fd, (&st, birth), name, seen)?;
+                let mut entry = self.entry_of(parent, path_fd, name)?;
                 if new_file {
                     entry.flags |= entry_flags::NEW_FILE;
                 }
