@@ -734,3 +734,34 @@ fn a_watch_on_a_file_the_host_removes_hears_it_go() {
     let err = fs::symlink_metadata(g.join("w/z")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
 }
+
+/// A host chmod is another process's change, but not a write: it must not leave the file
+/// marked "being written by someone else until closed". Else the guest's own write and
+/// close of that file later (or of a new file given its inode number once the host
+/// deleted it) came back to the guest's watchers as a second, replayed CLOSE_WRITE.
+#[test]
+fn a_guests_own_write_after_a_host_chmod_is_heard_once() {
+    require_mount!();
+    require_inotifywait!();
+    let t = TestMount::start();
+    let (h, g) = (&t.export, &t.mnt);
+    let w = Watcher::inotifywait(g);
+    let f = g.join("c");
+    fs::write(h.join("c"), b"host").unwrap();
+    w.wait_for("the host's close", |l| is(l, "CLOSE_WRITE", &f));
+    fs::set_permissions(h.join("c"), fs::Permissions::from_mode(0o600)).unwrap();
+    w.wait_for("the host's chmod", |l| is(l, "ATTRIB", &f));
+    let start = Instant::now();
+    while fs::metadata(&f).unwrap().mode() & 0o777 != 0o600 {
+        assert!(start.elapsed() < DEADLINE, "the chmod is not seen in the guest");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let closes_before = w.count(|l| is(l, "CLOSE_WRITE", &f));
+    fs::write(&f, b"the guest's own").unwrap();
+    w.wait_for_n("the guest's close", closes_before + 1, &|l| is(l, "CLOSE_WRITE", &f));
+    // Long past the watcher's latency: a replayed close would be here by now.
+    std::thread::sleep(Duration::from_millis(500));
+    let closes = w.count(|l| is(l, "CLOSE_WRITE", &f)) - closes_before;
+    assert_eq!(closes, 1, "the guest's own close, heard {closes} times");
+    assert_eq!(fs::read(h.join("c")).unwrap(), b"the guest's own");
+}

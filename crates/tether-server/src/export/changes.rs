@@ -140,9 +140,12 @@ impl ExportFs {
                     if foreign {
                         // Remember the writer until it closes: by then the content may look
                         // synced (a lookup in between), yet the close is still someone else's.
+                        // Only a write opens such an entry: one opened by a chmod would
+                        // outlive a deletion and pass to the next file on that inode number.
+                        let writing = ev.mask & libc::IN_MODIFY != 0;
                         if closing {
                             self.foreign_writers.remove(&file);
-                        } else if self.foreign_writers.len() < MAX_FOREIGN_WRITERS {
+                        } else if writing && self.foreign_writers.len() < MAX_FOREIGN_WRITERS {
                             self.foreign_writers.insert(file, ());
                         }
                     }
