@@ -116,6 +116,9 @@ pub struct Coherence {
     listing_ends: DashMap<NodeId, ListingEnd>,
     /// Names made or moved through this mount, counted.
     names_made: AtomicU64,
+    /// Taken around every `inval_inode`, and held by a lock's grant while it asks the
+    /// kernel for a file's size ([`Coherence::hold_invalidations`]).
+    inval_gate: Mutex<()>,
 }
 
 /// Where a listing of a directory ended, and what must not have changed since.
@@ -179,6 +182,7 @@ impl Coherence {
             new_dirs: DashMap::new(),
             listing_ends: DashMap::new(),
             names_made: AtomicU64::new(0),
+            inval_gate: Mutex::new(()),
         })
     }
 
@@ -427,7 +431,7 @@ impl Coherence {
         for item in &push.items {
             match item {
                 Invalidation::Inode(n) | Invalidation::Entry { parent: n, .. } => {
-                    self.invalidated.insert(*n, seq);
+                    self.mark_invalidated(*n, seq);
                 }
                 Invalidation::All => self.invalidate_all(seq),
             }
@@ -448,18 +452,52 @@ impl Coherence {
     /// invalidated now, as by a push; the caller drops the kernel's copy itself.
     pub fn distrust(&self, node: NodeId) {
         let seq = self.next_seq();
-        self.invalidated.insert(node, seq);
+        self.mark_invalidated(node, seq);
         self.last_push.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// Records that `node` was invalidated at `seq`, unless a later sequence is recorded
+    /// already: a push (reader thread) and a distrust (lock thread) each take a number and
+    /// then record it, possibly in the other order, and a record moved back would make a
+    /// reply sent between the two count as fresh.
+    fn mark_invalidated(&self, node: NodeId, seq: u64) {
+        self.invalidated
+            .entry(node)
+            .and_modify(|s| *s = (*s).max(seq))
+            .or_insert(seq);
     }
 
     /// Treats every node as invalidated at `seq`.
     fn invalidate_all(&self, seq: u64) {
         for mut e in self.invalidated.iter_mut() {
-            *e = seq;
+            *e = (*e).max(seq);
         }
         for e in self.watched.iter().chain(self.unwatched.iter()) {
-            self.invalidated.insert(*e.key(), seq);
+            self.mark_invalidated(*e.key(), seq);
         }
+    }
+
+    /// Drops the kernel's attributes of `node` and its pages in `offset..offset + len`
+    /// (`len` 0: to the end). Every `inval_inode` of the mount goes through here, so that
+    /// [`Coherence::hold_invalidations`] can hold them all back.
+    pub fn inval_inode(
+        &self,
+        notifier: &Notifier,
+        node: NodeId,
+        offset: i64,
+        len: i64,
+    ) -> std::io::Result<()> {
+        let _gate = self.inval_gate.lock().unwrap_or_else(|e| e.into_inner());
+        notifier.inval_inode(INodeNo(node), offset, len)
+    }
+
+    /// Holds back every `inval_inode` until the guard is dropped. The kernel throws away
+    /// an attribute reply if the file is invalidated while the reply is on its way (the
+    /// inode's `attr_version` moved), and then goes by the size it had: a lock's grant
+    /// that asks for the size the last holder left must not meet one (locks.rs).
+    /// Never hold it on a FUSE handler's thread, nor on the invalidation thread.
+    pub fn hold_invalidations(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inval_gate.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The connection was lost or replaced: whatever changed meanwhile was never pushed,
@@ -631,7 +669,7 @@ impl Coherence {
             // Errors mean the kernel holds nothing for it (already forgotten): fine.
             match item {
                 Invalidation::Inode(n) => {
-                    let r = notifier.inval_inode(INodeNo(n), 0, 0);
+                    let r = self.inval_inode(notifier, n, 0, 0);
                     tracing::trace!(node = n, ok = r.is_ok(), "inval_inode");
                     if let Some(f) = self.fixer.get() {
                         f.fix_later(n);
@@ -651,7 +689,7 @@ impl Coherence {
                         .map(|e| *e.key())
                         .collect();
                     for n in nodes {
-                        let _ = notifier.inval_inode(INodeNo(n), 0, 0);
+                        let _ = self.inval_inode(notifier, n, 0, 0);
                         if let Some(f) = self.fixer.get() {
                             f.fix_later(n);
                         }
@@ -808,5 +846,25 @@ pub(crate) mod tests {
         assert!(!co.fresh(3, sent));
         assert!(!co.fresh(ROOT_NODE, sent));
         assert_eq!(co.counters.pushes.load(Ordering::Relaxed), 1);
+    }
+
+    /// A distrust takes its sequence number before a push does, but records it after:
+    /// the push's later number stays, and a reply to a request sent between the two is
+    /// not fresh.
+    #[test]
+    fn an_invalidation_record_never_goes_back() {
+        let co = Coherence::new();
+        co.enable();
+        co.set_watched(7, true);
+        let distrust_seq = co.next_seq();
+        let sent_between = co.now();
+        push(&co, 1, &[Invalidation::Inode(7)]);
+        co.mark_invalidated(7, distrust_seq);
+        assert_eq!(co.invalidated.get(&7).map(|s| *s), Some(distrust_seq + 1));
+        assert!(!co.fresh(7, sent_between));
+        // And an "everything" push keeps a later record too.
+        co.mark_invalidated(7, 10);
+        co.invalidate_all(9);
+        assert_eq!(co.invalidated.get(&7).map(|s| *s), Some(10));
     }
 }

@@ -48,6 +48,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long an interrupt for a request not (yet) known here is remembered.
 const INTERRUPT_MEMORY: Duration = Duration::from_secs(5);
 
+/// How many times a lock's grant asks for the file's size until the kernel keeps it.
+const SIZE_SYNC_TRIES: usize = 8;
+
 /// Files that SQLite keeps next to a database `DB` it locks: DB-journal, DB-wal, DB-shm.
 const COMPANION_SUFFIXES: [&str; 3] = ["-journal", "-wal", "-shm"];
 
@@ -462,11 +465,12 @@ impl LockThread {
         // read only that far (the size this mount's own last write left, before the other
         // holder's longer one).
         s.co.distrust(node);
-        let _ = s.notifier.inval_inode(INodeNo(node), 0, 0);
-        if let Some(f) = s.co.fixer() {
+        let _ = s.co.inval_inode(&s.notifier, node, 0, 0);
+        match s.co.fixer() {
             // With the writeback cache the kernel keeps its own size: a holder reading only
             // as far as the old one would see part of the last holder's writes.
-            f.fix_now(node);
+            Some(f) => f.fix_now(node),
+            None => self.sync_size(s, node),
         }
         if let Some((parent, name)) = s.known.place_of(node) {
             for suffix in COMPANION_SUFFIXES {
@@ -474,6 +478,38 @@ impl LockThread {
                 let _ = (s.notifier).inval_entry(INodeNo(parent), OsStr::from_bytes(&companion));
             }
         }
+    }
+
+    /// Makes the kernel hold the size the host has now for `node`, a file just locked.
+    ///
+    /// The invalidation above makes the locker's next read ask for the size, but the kernel
+    /// discards that reply if another invalidation of the file (a push for the last holder's
+    /// earlier write) lands while it is on its way, and then reads only as far as the size
+    /// it had: a counter at "200" read as "2". So the size is asked for here, through the
+    /// mount (`AT_STATX_FORCE_SYNC`, a GETATTR), with invalidations held back meanwhile,
+    /// and the kernel's copy checked afterwards (`AT_STATX_DONT_SYNC`); tried again if
+    /// something else (a local write) moved it. Invalidations for the file that waited
+    /// are applied after: they only make the kernel ask again.
+    fn sync_size(&self, s: &Attached, node: NodeId) {
+        let Some(path) = s.known.path_of(node) else {
+            return;
+        };
+        let _held = s.co.hold_invalidations();
+        for _ in 0..SIZE_SYNC_TRIES {
+            let Some(Ok(asked)) = self
+                .dir
+                .with_path(|root| file_size(root, &path, node, true))
+            else {
+                return; // gone, renamed, not a regular file, or the mount is going
+            };
+            let kept = self
+                .dir
+                .with_path(|root| file_size(root, &path, node, false));
+            if matches!(kept, Some(Ok(kept)) if kept == asked) {
+                return;
+            }
+        }
+        tracing::debug!(node, "the kernel did not keep a locked file's size");
     }
 
     /// With the writeback cache, the guest's writes under a lock reach the host before
@@ -862,6 +898,44 @@ fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The size of regular file `node` at `path` below the mount's `root`: asked of the server
+/// (`sync`), or as the kernel holds it. An error if the path leads elsewhere now.
+fn file_size(
+    root: BorrowedFd<'_>,
+    path: &std::path::Path,
+    node: NodeId,
+    sync: bool,
+) -> io::Result<u64> {
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let how = if sync {
+        libc::AT_STATX_FORCE_SYNC
+    } else {
+        libc::AT_STATX_DONT_SYNC
+    };
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a valid descriptor, a C string and a statx buffer.
+    let rc = unsafe {
+        libc::statx(
+            root.as_raw_fd(),
+            path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | how,
+            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_SIZE,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx succeeded.
+    let stx = unsafe { stx.assume_init() };
+    let regular = u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFREG;
+    if stx.stx_ino != node || !regular {
+        return Err(io::Error::from_raw_os_error(libc::ESTALE));
+    }
+    Ok(stx.stx_size)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
-use fuser::{INodeNo, Notifier};
+use fuser::Notifier;
 use tether_proto::NodeId;
 
 use crate::coherence::Coherence;
@@ -91,7 +91,7 @@ impl PartialPages {
 fn drop_loop(rx: Receiver<(NodeId, Span)>, notifier: Notifier, co: Arc<Coherence>) {
     for (node, (lo, hi)) in rx {
         // An error means the kernel holds nothing of the node any more: fine.
-        let _ = notifier.inval_inode(INodeNo(node), lo as i64, (hi - lo) as i64);
+        let _ = co.inval_inode(&notifier, node, lo as i64, (hi - lo) as i64);
         co.counters
             .partial_pages_dropped
             .fetch_add(1, Ordering::Relaxed);

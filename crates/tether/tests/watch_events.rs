@@ -753,12 +753,17 @@ fn a_guests_own_write_after_a_host_chmod_is_heard_once() {
     w.wait_for("the host's chmod", |l| is(l, "ATTRIB", &f));
     let start = Instant::now();
     while fs::metadata(&f).unwrap().mode() & 0o777 != 0o600 {
-        assert!(start.elapsed() < DEADLINE, "the chmod is not seen in the guest");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the chmod is not seen in the guest"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let closes_before = w.count(|l| is(l, "CLOSE_WRITE", &f));
     fs::write(&f, b"the guest's own").unwrap();
-    w.wait_for_n("the guest's close", closes_before + 1, &|l| is(l, "CLOSE_WRITE", &f));
+    w.wait_for_n("the guest's close", closes_before + 1, &|l| {
+        is(l, "CLOSE_WRITE", &f)
+    });
     // Long past the watcher's latency: a replayed close would be here by now.
     std::thread::sleep(Duration::from_millis(500));
     let closes = w.count(|l| is(l, "CLOSE_WRITE", &f)) - closes_before;

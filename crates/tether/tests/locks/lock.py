@@ -11,6 +11,13 @@ lock.py MODE KIND PATH [START LEN]
                "read|write START LEN" of the conflicting lock
         count  START times: open the file, lock it (waiting), add 1 to the number in
                it, close it (which drops the lock); prints "done"
+lock.py grow KIND GUEST HOST N
+        N times: on the host (HOST, the same file outside the mount) lock the file, make
+        it one byte longer, unlock; then in the guest (GUEST) lock it, read it whole and
+        unlock. Meanwhile another host process keeps touching the file, so that the
+        watcher's invalidations of it keep coming. Prints "done" if every guest read saw
+        the whole file, else "short S of N". KIND none: the guest takes no lock and reads 50 ms
+        after the host's change (a measurement of what an unlocked reader may see)
   KIND  posix (fcntl F_SETLK), ofd (F_OFD_SETLK) or flock
   START LEN  the byte range (default 0 0: the whole file); ignored for flock
 """
@@ -19,6 +26,7 @@ import os
 import signal
 import struct
 import sys
+import time
 
 mode, kind, path = sys.argv[1:4]
 if mode == "count":
@@ -32,6 +40,47 @@ if mode == "count":
         os.pwrite(fd, ("%d" % (n + 1)).ljust(32).encode(), 0)
         os.close(fd)
     print("done")
+    sys.exit(0)
+if mode == "grow":
+    guest, host, rounds = path, sys.argv[4], int(sys.argv[5])
+
+    def lock_file(fd, op):
+        if kind == "flock":
+            fcntl.flock(fd, op)
+        elif kind == "posix":
+            fcntl.lockf(fd, op)
+
+    open(host, "w").close()
+    toucher = os.fork()
+    if toucher == 0:
+        # Until killed: a change to the file's times about every 0.2 ms.
+        while True:
+            os.utime(host)
+    short = 0
+    try:
+        for i in range(1, rounds + 1):
+            fd = os.open(host, os.O_RDWR)
+            lock_file(fd, fcntl.LOCK_EX)
+            os.pwrite(fd, b"x" * i, 0)
+            lock_file(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            if kind == "none":
+                time.sleep(0.05)  # well past the watcher's latency: only races remain
+            fd = os.open(guest, os.O_RDONLY)
+            if kind != "none":
+                lock_file(fd, fcntl.LOCK_SH)
+            data = b""
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                data += chunk
+            os.close(fd)
+            short += len(data) != i
+    finally:
+        os.kill(toucher, signal.SIGKILL)
+        os.waitpid(toucher, 0)
+    print("done" if short == 0 else "short %d of %d" % (short, rounds))
     sys.exit(0)
 start, length = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (0, 0)
 fd = os.open(path, os.O_RDWR)
