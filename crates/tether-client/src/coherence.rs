@@ -72,6 +72,8 @@ pub struct Counters {
     pub listing_most: AtomicU64,
     /// Runs of partly written pages dropped (partial_pages.rs).
     pub partial_pages_dropped: AtomicU64,
+    /// Pushed invalidations of a node the kernel was given nothing of since the last one.
+    pub invalidations_unneeded: AtomicU64,
 }
 
 pub struct Coherence {
@@ -116,9 +118,45 @@ pub struct Coherence {
     listing_ends: DashMap<NodeId, ListingEnd>,
     /// Names made or moved through this mount, counted.
     names_made: AtomicU64,
+    /// Nodes the kernel may hold something of that `inval_inode` drops, given since the
+    /// last one was applied (attributes cached for longer than a moment, pages, a listing),
+    /// and how many replies are being decided about now ([`Coherence::kernel_may_hold`]).
+    kernel_holds: DashMap<NodeId, Holding>,
     /// Taken around every `inval_inode`, and held by a lock's grant while it asks the
     /// kernel for a file's size ([`Coherence::hold_invalidations`]).
     inval_gate: Mutex<()>,
+}
+
+/// What the kernel may hold of a node, for [`Coherence::kernel_holds`].
+#[derive(Default)]
+struct Holding {
+    /// Something was given since the last `inval_inode` was applied.
+    given: bool,
+    /// Replies whose caching is being decided now ([`Caching`]).
+    deciding: u32,
+}
+
+/// A reply about a node being decided: while it lives, a pushed `inval_inode` of the node
+/// is applied, since the reply may yet be cached.
+pub struct Caching<'a> {
+    co: &'a Coherence,
+    node: NodeId,
+}
+
+impl Caching<'_> {
+    /// The reply is cached (beyond a moment): the next push must drop it.
+    pub fn cached(&self) {
+        self.co.kernel_may_hold(self.node);
+    }
+}
+
+impl Drop for Caching<'_> {
+    fn drop(&mut self) {
+        if let Some(mut h) = self.co.kernel_holds.get_mut(&self.node) {
+            h.deciding = h.deciding.saturating_sub(1);
+        }
+        self.co.drop_holding_if_idle(self.node);
+    }
 }
 
 /// Where a listing of a directory ended, and what must not have changed since.
@@ -182,6 +220,7 @@ impl Coherence {
             new_dirs: DashMap::new(),
             listing_ends: DashMap::new(),
             names_made: AtomicU64::new(0),
+            kernel_holds: DashMap::new(),
             inval_gate: Mutex::new(()),
         })
     }
@@ -406,6 +445,12 @@ impl Coherence {
             self.created.remove(&node);
             self.new_dirs.remove(&node);
             self.listing_ends.remove(&node);
+            // Nothing held any more, but a reply being decided about (a LOOKUP racing the
+            // FORGET) still counts.
+            if let Some(mut h) = self.kernel_holds.get_mut(&node) {
+                h.given = false;
+            }
+            self.drop_holding_if_idle(node);
         }
     }
 
@@ -475,6 +520,50 @@ impl Coherence {
         for e in self.watched.iter().chain(self.unwatched.iter()) {
             self.mark_invalidated(*e.key(), seq);
         }
+    }
+
+    /// The kernel may keep something of `node` that a later push must drop: pages or a
+    /// listing a request is about to fill, or attributes a reply gives it for longer than
+    /// a moment ([`Coherence::caching`]). Said before the request is sent.
+    pub fn kernel_may_hold(&self, node: NodeId) {
+        if self.enabled() {
+            self.kernel_holds.entry(node).or_default().given = true;
+        }
+    }
+
+    /// A reply about `node` is being decided: taken before its freshness is checked, so
+    /// that a push recorded after the check finds it, and it is applied.
+    ///
+    /// A pushed `inval_inode` of a node the kernel was given nothing of since the last one
+    /// (and no reply is being decided about) is not needed, and it would do harm: the
+    /// kernel throws away an attribute reply when the file is invalidated while the reply
+    /// is on its way, so a file the host never stops changing (a `utime` every 0.2 ms)
+    /// had nearly every GETATTR's answer dropped, and reads went by the size from before
+    /// the host made it longer. Skipped, the reply is taken; one to a request sent before
+    /// the push is not fresh and so given with TTL 0.
+    pub fn caching(&self, node: NodeId) -> Caching<'_> {
+        if self.enabled() {
+            self.kernel_holds.entry(node).or_default().deciding += 1;
+        }
+        Caching { co: self, node }
+    }
+
+    /// Whether a pushed `inval_inode` of `node` must be applied; if so, what the kernel
+    /// was given counts as dropped from now on.
+    fn kernel_holds_anything(&self, node: NodeId) -> bool {
+        let Some(mut h) = self.kernel_holds.get_mut(&node) else {
+            return false;
+        };
+        let holds = h.given || h.deciding > 0;
+        h.given = false;
+        drop(h);
+        self.drop_holding_if_idle(node);
+        holds
+    }
+
+    /// Forgets `node`'s [`Holding`] once there is nothing in it.
+    fn drop_holding_if_idle(&self, node: NodeId) {
+        (self.kernel_holds).remove_if(&node, |_, h| !h.given && h.deciding == 0);
     }
 
     /// Drops the kernel's attributes of `node` and its pages in `offset..offset + len`
@@ -665,6 +754,14 @@ impl Coherence {
 
     fn apply(&self, items: Vec<Invalidation>, notifier: &Notifier) {
         for item in items {
+            // (The writeback cache's fixer follows every invalidation: kept as it is.)
+            if let Invalidation::Inode(n) = item {
+                if self.fixer.get().is_none() && !self.kernel_holds_anything(n) {
+                    let unneeded = &self.counters.invalidations_unneeded;
+                    unneeded.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
             // Errors mean the kernel holds nothing for it (already forgotten): fine.
             match item {
@@ -846,6 +943,42 @@ pub(crate) mod tests {
         assert!(!co.fresh(3, sent));
         assert!(!co.fresh(ROOT_NODE, sent));
         assert_eq!(co.counters.pushes.load(Ordering::Relaxed), 1);
+    }
+
+    /// A pushed `inval_inode` is applied only if the kernel may hold something of the node
+    /// given since the last one, or a reply about it is being decided.
+    #[test]
+    fn an_inval_is_needed_only_for_what_the_kernel_was_given_since_the_last() {
+        let co = Coherence::new();
+        co.enable();
+        assert!(!co.kernel_holds_anything(7), "never given anything");
+        co.kernel_may_hold(7); // a READ, say
+        assert!(co.kernel_holds_anything(7));
+        assert!(!co.kernel_holds_anything(7), "dropped by the one before");
+
+        // A reply being decided: needed until it is done, and after it only if cached.
+        let reply = co.caching(7);
+        assert!(co.kernel_holds_anything(7));
+        assert!(co.kernel_holds_anything(7), "still being decided");
+        drop(reply);
+        assert!(!co.kernel_holds_anything(7), "given with TTL 0");
+        let reply = co.caching(7);
+        reply.cached();
+        drop(reply);
+        assert!(co.kernel_holds_anything(7));
+        assert!(!co.kernel_holds_anything(7));
+
+        // A FORGET drops what was given, but not a reply racing it.
+        co.kernel_may_hold(7);
+        co.forget(7);
+        assert!(!co.kernel_holds_anything(7), "forgotten");
+        let reply = co.caching(7);
+        co.forget(7);
+        assert!(co.kernel_holds_anything(7), "a LOOKUP racing the FORGET");
+        reply.cached();
+        drop(reply);
+        assert!(co.kernel_holds_anything(7));
+        assert!(co.kernel_holds.is_empty(), "nothing left behind");
     }
 
     /// A distrust takes its sequence number before a push does, but records it after:

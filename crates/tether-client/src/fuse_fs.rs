@@ -149,7 +149,24 @@ fn ttl_for(
     parent: Option<NodeId>,
     sent: u64,
 ) -> Duration {
+    // Before the freshness check: a push recorded after it must be applied (coherence.rs).
+    let caching = co.caching(node);
     let parent_fresh = parent.map(|p| co.fresh(p, sent)).unwrap_or(true);
+    let ttl = ttl_unless_overtaken(co, fallback, node, parent_fresh, sent);
+    if !ttl.is_zero() {
+        caching.cached();
+    }
+    ttl
+}
+
+/// [`ttl_for`]'s rule, once the parent's freshness is known.
+fn ttl_unless_overtaken(
+    co: &Coherence,
+    fallback: Duration,
+    node: NodeId,
+    parent_fresh: bool,
+    sent: u64,
+) -> Duration {
     if !co.fresh(node, sent) {
         // With the writeback cache a new inode keeps this reply's size for good: have it
         // checked against the host's once the kernel has it (writeback.rs).
@@ -163,6 +180,20 @@ fn ttl_for(
         WATCHED_TTL
     } else {
         fallback
+    }
+}
+
+/// The node whose pages (or listing) the kernel may fill or change with `msg` and its
+/// answer, and keep until an invalidation drops them.
+fn kernel_keeps_pages_of(msg: &Request) -> Option<NodeId> {
+    match msg {
+        Request::Read { node, .. }
+        | Request::Write { node, .. }
+        | Request::Readdir { node, .. }
+        | Request::Setattr { node, .. }
+        | Request::Fallocate { node, .. } => Some(*node),
+        Request::CopyFileRange { node_out, .. } => Some(*node_out),
+        _ => None,
     }
 }
 
@@ -353,6 +384,9 @@ impl TetherFs {
         msg: &Request,
         done: impl FnOnce(ReplyResult) + Send + 'static,
     ) {
+        if let Some(node) = kernel_keeps_pages_of(msg) {
+            self.co.kernel_may_hold(node);
+        }
         let touch = self.known_attrs.touching(msg);
         self.conn.call(caller(req), msg, move |res: ReplyResult| {
             if let Some(t) = &touch {

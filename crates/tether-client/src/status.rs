@@ -131,6 +131,7 @@ fn answer(
         "mount: {mp}\nserver: {}{}\nconnection: {} ({} reconnects, {} requests sent again, \
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
+         invalidations not needed (the kernel held nothing since the last): {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
          partly written page runs dropped: {}\n{writeback}",
@@ -146,6 +147,7 @@ fn answer(
         conn.stats.failed.load(Ordering::Relaxed),
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
+        co.counters.invalidations_unneeded.load(Ordering::Relaxed),
         sent.join(", "),
         co.counters.listed.load(Ordering::Relaxed),
         co.counters.listing_most.load(Ordering::Relaxed),
