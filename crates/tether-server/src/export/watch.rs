@@ -30,6 +30,13 @@ const MASK: u32 = libc::IN_MODIFY
 // No IN_DONT_FOLLOW: the watch is added through the /proc/self/fd magic link, which must be
 // followed to reach the directory the server holds (and only that directory).
 
+/// How long the watcher lets events gather after the first one wakes it. A guest writing or
+/// creating files makes three or four events per file, each of which would wake the watcher
+/// (and preempt the worker answering the guest) on its own; gathered, inotify also merges
+/// repeats (a file's IN_MODIFY per write). Small against the 50 ms a host change may take
+/// to show.
+const SETTLE: Duration = Duration::from_millis(2);
+
 /// How long an expected echo of the session's own change is kept.
 const EXPECTATION_TTL: Duration = Duration::from_secs(10);
 
@@ -209,6 +216,7 @@ impl Watcher {
         if n <= 0 {
             return Ok(Batch::Events(Vec::new(), ForeignChanged::new()));
         }
+        std::thread::sleep(SETTLE);
         let mut events = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
