@@ -622,20 +622,9 @@ fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
 /// which has no such name), a file the host still has under some name, an error: false,
 /// and the removal acts on a ghost.
 fn removed_for_good(dir: libc::c_int, name: &CStr) -> bool {
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid descriptor, C string and writable buffer.
-    let rc = unsafe {
-        libc::statx(
-            dir,
-            name.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
-            libc::STATX_NLINK,
-            stx.as_mut_ptr(),
-        )
-    };
-    // SAFETY: zero-initialised, and filled in by statx when it succeeded.
-    let stx = unsafe { stx.assume_init() };
-    rc == 0 && stx.stx_mask & libc::STATX_NLINK != 0 && stx.stx_nlink == 0
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC;
+    crate::sys::statx(dir, name, flags, libc::STATX_NLINK)
+        .is_ok_and(|stx| stx.stx_mask & libc::STATX_NLINK != 0 && stx.stx_nlink == 0)
 }
 
 /// Raises IN_OPEN, IN_MODIFY, IN_ATTRIB and IN_CLOSE_WRITE (as `bits` say, in the order a

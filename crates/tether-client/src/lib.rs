@@ -12,6 +12,7 @@ pub mod prefetch;
 pub mod restore;
 pub mod rpc;
 pub mod status;
+mod sys;
 pub mod writeback;
 
 pub use coherence::Coherence;

@@ -22,10 +22,10 @@
 //! root sends STATFS), which a handler or the RPC reader thread must never do.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsStr;
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -491,25 +491,22 @@ impl LockThread {
     /// something else (a local write) moved it. Invalidations for the file that waited
     /// are applied after: they only make the kernel ask again.
     fn sync_size(&self, s: &Attached, node: NodeId) {
-        let Some(path) = s.known.path_of(node) else {
+        let path = s.known.path_of(node);
+        let Some(Ok(path)) = path.map(|p| CString::new(p.into_os_string().into_vec())) else {
             return;
         };
         let _held = s.co.hold_invalidations();
-        for _ in 0..SIZE_SYNC_TRIES {
-            let Some(Ok(asked)) = self
-                .dir
-                .with_path(|root| file_size(root, &path, node, true))
-            else {
-                return; // gone, renamed, not a regular file, or the mount is going
-            };
-            let kept = self
-                .dir
-                .with_path(|root| file_size(root, &path, node, false));
-            if matches!(kept, Some(Ok(kept)) if kept == asked) {
-                return;
-            }
+        // One descriptor of the mount's root for every try.
+        let kept = self.dir.with_path(|root| {
+            (0..SIZE_SYNC_TRIES).any(|_| {
+                let asked = file_size(root, &path, node, true);
+                // Gone, renamed, not a regular file: nothing to keep.
+                asked.is_err() || file_size(root, &path, node, false).ok() == asked.ok()
+            })
+        });
+        if kept == Some(false) {
+            tracing::debug!(node, "the kernel did not keep a locked file's size");
         }
-        tracing::debug!(node, "the kernel did not keep a locked file's size");
     }
 
     /// With the writeback cache, the guest's writes under a lock reach the host before
@@ -902,35 +899,19 @@ fn parent_of(pid: u32) -> Option<u32> {
 
 /// The size of regular file `node` at `path` below the mount's `root`: asked of the server
 /// (`sync`), or as the kernel holds it. An error if the path leads elsewhere now.
-fn file_size(
-    root: BorrowedFd<'_>,
-    path: &std::path::Path,
-    node: NodeId,
-    sync: bool,
-) -> io::Result<u64> {
-    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+fn file_size(root: BorrowedFd<'_>, path: &CStr, node: NodeId, sync: bool) -> io::Result<u64> {
     let how = if sync {
         libc::AT_STATX_FORCE_SYNC
     } else {
         libc::AT_STATX_DONT_SYNC
     };
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: a valid descriptor, a C string and a statx buffer.
-    let rc = unsafe {
-        libc::statx(
-            root.as_raw_fd(),
-            path.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | how,
-            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_SIZE,
-            stx.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statx succeeded.
-    let stx = unsafe { stx.assume_init() };
+    let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_SIZE;
+    let stx = crate::sys::statx(
+        root.as_raw_fd(),
+        path,
+        libc::AT_SYMLINK_NOFOLLOW | how,
+        mask,
+    )?;
     let regular = u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFREG;
     if stx.stx_ino != node || !regular {
         return Err(io::Error::from_raw_os_error(libc::ESTALE));

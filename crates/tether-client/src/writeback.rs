@@ -526,19 +526,9 @@ fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::
 
 /// The size and mtime the kernel holds, without asking the server.
 fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<KernelAttrs> {
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid descriptor, empty C string, and a statx buffer.
-    check(unsafe {
-        libc::statx(
-            file.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_SIZE | libc::STATX_MTIME,
-            stx.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: statx succeeded.
-    let stx = unsafe { stx.assume_init() };
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let mask = libc::STATX_SIZE | libc::STATX_MTIME;
+    let stx = crate::sys::statx(file.as_raw_fd(), c"", flags, mask)?;
     Ok((stx.stx_size, (stx.stx_mtime.tv_sec, stx.stx_mtime.tv_nsec)))
 }
 
