@@ -98,6 +98,8 @@ pub struct Coherence {
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
+    /// The io_uring queues' counters, when the mount uses them (io_uring.rs).
+    pub io_uring: OnceLock<Arc<fuser::UringStats>>,
     /// Set when the kernel caches writes (writeback.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
     fuse_dev: OnceLock<OwnedFd>,
@@ -211,6 +213,7 @@ impl Coherence {
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
             replayer: OnceLock::new(),
+            io_uring: OnceLock::new(),
             fixer: OnceLock::new(),
             fuse_dev: OnceLock::new(),
             waiting_names: Mutex::new(VecDeque::new()),

@@ -4,6 +4,7 @@
 pub mod coherence;
 pub mod fuse_fs;
 pub mod host_events;
+pub mod io_uring;
 pub mod known_attrs;
 pub mod locks;
 pub mod mount;

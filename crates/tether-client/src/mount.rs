@@ -30,6 +30,8 @@ pub struct MountOptions {
     /// Take flock, POSIX and OFD locks on the host's files (needs root, for fanotify); off,
     /// they are local to this guest's kernel.
     pub host_locks: bool,
+    /// Serve kernel requests through FUSE over io_uring, one queue per CPU (io_uring.rs).
+    pub io_uring: bool,
 }
 
 impl Default for MountOptions {
@@ -41,6 +43,7 @@ impl Default for MountOptions {
             read_only: false,
             watch_events: true,
             host_locks: true,
+            io_uring: false,
         }
     }
 }
@@ -161,6 +164,9 @@ impl Mounted {
         };
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
+        if opts.io_uring {
+            config.io_uring_depth = crate::io_uring::prepare()?;
+        }
         // Replays need a writable mount: the kernel refuses them on a read-only one.
         let replayer = (opts.watch_events
             && !read_only
@@ -197,6 +203,9 @@ impl Mounted {
         let session = Session::new(fs, mountpoint, &config)?;
         if root {
             raise_readahead(mountpoint);
+        }
+        if opts.io_uring {
+            crate::io_uring::report(&co, session.io_uring());
         }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(f) = &fixer {

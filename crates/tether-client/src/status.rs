@@ -134,7 +134,7 @@ fn answer(
          invalidations not needed (the kernel held nothing since the last): {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
-         partly written page runs dropped: {}\n{writeback}",
+         partly written page runs dropped: {}\nio_uring: {}\n{writeback}",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"
@@ -152,6 +152,7 @@ fn answer(
         co.counters.listed.load(Ordering::Relaxed),
         co.counters.listing_most.load(Ordering::Relaxed),
         co.counters.partial_pages_dropped.load(Ordering::Relaxed),
+        crate::io_uring::status(co),
     );
     s.write_all(report.as_bytes())
 }

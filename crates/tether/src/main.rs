@@ -103,6 +103,11 @@ enum Command {
         /// slower (docs/coherence.md, "Writeback cache").
         #[arg(long)]
         writeback: bool,
+        /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
+        /// later), one queue per CPU, so that a request is served on the CPU that made it.
+        /// Needs root; turns on the fuse module's `enable_uring` parameter if it is off.
+        #[arg(long)]
+        io_uring: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
         /// to ~/.config/tether/secret when that exists.
         #[arg(long)]
@@ -322,6 +327,7 @@ fn run(cmd: Command) -> Result<()> {
             no_watch_events,
             local_locks,
             writeback,
+            io_uring,
             secret_file,
             uid,
             gid,
@@ -374,6 +380,7 @@ fn run(cmd: Command) -> Result<()> {
                 read_only,
                 watch_events: !no_watch_events,
                 host_locks: !local_locks,
+                io_uring,
             };
             let _status = tether_client::status::StatusServer::start(
                 &mountpoint,

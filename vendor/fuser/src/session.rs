@@ -139,6 +139,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The io_uring queues, one per CPU, when FUSE_INIT agreed on io_uring (uring.rs).
+    #[cfg(target_os = "linux")]
+    uring_queues: Vec<Arc<crate::uring::RingQueue>>,
+    #[cfg(target_os = "linux")]
+    uring_stats: Arc<crate::uring::UringStats>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +191,10 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring_queues: Vec::new(),
+            #[cfg(target_os = "linux")]
+            uring_stats: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +223,10 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring_queues: Vec::new(),
+            #[cfg(target_os = "linux")]
+            uring_stats: Arc::default(),
         };
 
         session.handshake()?;
@@ -252,6 +265,10 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring_queues,
+            #[cfg(target_os = "linux")]
+            uring_stats,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +303,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let ch_for_rings = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +325,36 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        #[cfg(target_os = "linux")]
+        let mut ring_threads = Vec::with_capacity(uring_queues.len());
+        #[cfg(target_os = "linux")]
+        for q in &uring_queues {
+            let (q, ch, stats) = (q.clone(), ch_for_rings.clone(), uring_stats.clone());
+            let event_loop = SessionEventLoop {
+                thread_name: "fuser-uring".to_string(),
+                filesystem: filesystem.clone(),
+                ch: ch.clone(),
+                allowed,
+                session_owner,
+            };
+            ring_threads.push(thread::Builder::new().name("fuser-uring".into()).spawn(
+                move || {
+                    crate::uring::serve(q, &ch, &stats, |data, reply| {
+                        match RequestWithSender::new(ReplySender::Ring(reply), data) {
+                            Some(req) => {
+                                if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                                    req.reply::<ReplyEmpty>().ok();
+                                } else {
+                                    req.dispatch(&event_loop)
+                                }
+                            }
+                            None => error!("io_uring: invalid request"),
+                        }
+                    })
+                },
+            )?);
+        }
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -317,6 +366,22 @@ impl<FS: Filesystem> Session<FS> {
             if let Err(e) = res {
                 if reply.is_ok() {
                     reply = Err(e);
+                }
+            }
+        }
+
+        // The /dev/fuse readers end when the connection does; a ring may still wait for
+        // entries the kernel released without completing.
+        #[cfg(target_os = "linux")]
+        {
+            for q in &uring_queues {
+                q.stop();
+            }
+            for t in ring_threads {
+                match t.join() {
+                    Ok(Err(e)) => warn!("io_uring queue: {e}"),
+                    Ok(Ok(())) => {}
+                    Err(_) => return Err(io::Error::other("io_uring thread panicked")),
                 }
             }
         }
@@ -429,6 +494,30 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // io_uring only with every queue's ring made: once the kernel hears yes, its
+            // requests wait until every queue is registered.
+            #[cfg(target_os = "linux")]
+            if self.config.io_uring_depth > 0
+                && init
+                    .capabilities()
+                    .contains(InitFlags::FUSE_OVER_IO_URING)
+            {
+                let payload = (config.max_write as usize)
+                    .max(config.max_pages() as usize * page_size::get())
+                    .max(8192);
+                match crate::uring::make_queues(
+                    self.config.io_uring_depth,
+                    payload,
+                    &self.ch.sender(),
+                ) {
+                    Ok(queues) => {
+                        let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                        self.uring_queues = queues;
+                    }
+                    Err(e) => warn!("io_uring not used: {e}"),
+                }
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -493,6 +582,12 @@ impl<FS: Filesystem> Session<FS> {
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
     }
+
+    /// The io_uring queues' counters; `None` when requests come through `/dev/fuse` only.
+    #[cfg(target_os = "linux")]
+    pub fn io_uring(&self) -> Option<Arc<crate::uring::UringStats>> {
+        (!self.uring_queues.is_empty()).then(|| self.uring_stats.clone())
+    }
 }
 
 #[derive(Debug)]
@@ -530,7 +625,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

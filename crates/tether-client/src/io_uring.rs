@@ -1,0 +1,67 @@
+//! `tether mount --io-uring`: kernel requests through FUSE over io_uring, one queue per
+//! CPU, so a request is served by a thread on the CPU of its caller (the protocol is in
+//! vendor/fuser/src/uring.rs). On this machine a trip into the client costs about 29 us
+//! when the kernel wakes a `/dev/fuse` reader on the other CPU and 8 us on the caller's
+//! (docs/benchmarks.md).
+
+use std::io;
+use std::sync::Arc;
+
+use fuser::UringStats;
+
+use crate::coherence::Coherence;
+
+/// The fuse module's switch: the kernel offers io_uring at FUSE_INIT only while it is on.
+const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Ring entries per CPU at first, and added each time nearly all hold a request (a blocked
+/// lock waiter holds one until it is granted). Each has a payload buffer of the largest
+/// request (1 MiB), touched only as far as requests use it.
+pub const DEPTH: u16 = 8;
+
+/// Makes the kernel offer io_uring (turning the module parameter on, which only lets FUSE
+/// servers that ask use it); returns the ring entries per CPU.
+pub fn prepare() -> io::Result<u16> {
+    let on = std::fs::read_to_string(PARAM).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("--io-uring: this kernel has no FUSE over io_uring ({PARAM}: {e})"),
+        )
+    })?;
+    if on.trim() != "Y" {
+        std::fs::write(PARAM, "Y").map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("--io-uring: cannot turn on {PARAM} (needs root): {e}"),
+            )
+        })?;
+        tracing::info!("turned on {PARAM}");
+    }
+    Ok(DEPTH)
+}
+
+/// Records whether FUSE_INIT agreed on io_uring, for `tether status`.
+pub fn report(co: &Coherence, stats: Option<Arc<UringStats>>) {
+    match stats {
+        Some(s) => {
+            let _ = co.io_uring.set(s);
+        }
+        None => {
+            tracing::warn!("--io-uring: not agreed at FUSE_INIT; requests come through /dev/fuse")
+        }
+    }
+}
+
+/// The status line.
+pub fn status(co: &Coherence) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    match co.io_uring.get() {
+        Some(s) => format!(
+            "on: {} requests through {} queues, {} failed",
+            s.requests.load(Relaxed),
+            s.queues.load(Relaxed),
+            s.failed.load(Relaxed)
+        ),
+        None => "off (/dev/fuse)".into(),
+    }
+}

@@ -1,0 +1,492 @@
+//! FUSE over io_uring (Linux 6.14 and later; added for Tether, see VENDORED.md).
+//!
+//! With `/dev/fuse`, a request wakes whichever reader thread the kernel picks, usually on
+//! another CPU, and the caller sleeps until that thread writes the reply. Over io_uring the
+//! kernel keeps one queue per CPU and hands a request to the queue of the CPU its caller
+//! runs on; each queue here is served by one thread pinned to that CPU, so a request the
+//! file system answers at once costs two context switches on one CPU instead of two
+//! wake-ups across CPUs.
+//!
+//! Each queue owns `depth` ring entries: a header buffer (`fuse_uring_req_header`) and a
+//! payload buffer, registered with FUSE_IO_URING_CMD_REGISTER. A request arrives as the
+//! completion of an entry's command; its reply is written into the same buffers and handed
+//! back with FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also waits for the entry's next
+//! request. Only the queue's thread submits (the kernel copies requests into the buffers
+//! in the submitter's context); a reply made on another thread is queued and the queue's
+//! thread woken through an eventfd. Notifications, FORGET and INTERRUPT still use
+//! `/dev/fuse`.
+
+use std::cell::UnsafeCell;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+
+use io_uring::IoUring;
+use io_uring::opcode;
+use io_uring::squeue;
+use io_uring::types;
+use log::debug;
+use log::warn;
+use parking_lot::Mutex;
+
+use crate::channel::ChannelSender;
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `user_data` of the eventfd read that wakes a queue's thread.
+const WAKE: u64 = u64::MAX;
+/// Most entries a queue grows to. It starts with fewer and registers more while nearly all
+/// are in use: a blocked lock waiter holds its entry until the lock is granted, and a
+/// request that finds no free entry waits in the kernel, even for the release that would
+/// grant the lock.
+const MAX_ENTRIES: usize = 256;
+/// Sizes of `struct fuse_in_header` and `struct fuse_out_header`.
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+/// The per-opcode argument area of the header buffer.
+const OP_IN: usize = 128;
+
+/// `struct fuse_uring_ent_in_out`.
+#[repr(C)]
+#[derive(Default)]
+struct EntInOut {
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: `fuse_in_header` (or, for the reply, `fuse_out_header`),
+/// the opcode's argument struct, and the entry's sizes.
+#[repr(C)]
+struct Headers {
+    in_out: [u8; 128],
+    op_in: [u8; OP_IN],
+    ent: EntInOut,
+}
+
+const _: () = assert!(std::mem::size_of::<Headers>() == 288);
+const _: () = assert!(std::mem::size_of::<EntInOut>() == 32);
+const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+
+/// One ring entry's buffers. The kernel writes a request into them while the entry's
+/// command is pending; from its completion until its commit they belong to the request's
+/// one reply.
+struct Entry {
+    headers: UnsafeCell<Headers>,
+    payload: UnsafeCell<Box<[u8]>>,
+    commit_id: AtomicU64,
+}
+
+/// Requests served through the rings, and entries the kernel refused or lost.
+#[derive(Debug, Default)]
+pub struct UringStats {
+    /// Requests received through io_uring.
+    pub requests: AtomicU64,
+    /// Queues whose thread is serving.
+    pub queues: AtomicU64,
+    /// Commands the kernel failed (other than at unmount).
+    pub failed: AtomicU64,
+}
+
+/// A CPU's queue: its ring, its entries, and replies waiting to be committed.
+pub(crate) struct RingQueue {
+    qid: u16,
+    ring: Mutex<Option<IoUring<squeue::Entry128>>>,
+    /// Registered entries first; the rest are made when the queue grows.
+    entries: Box<[std::sync::OnceLock<Entry>]>,
+    /// Entries registered at the start and added at each growth.
+    depth: u16,
+    payload: usize,
+    /// Entries whose reply is written, to commit.
+    replied: Mutex<Vec<u16>>,
+    /// Set while the queue's thread waits in the kernel: only then does a reply from
+    /// another thread need to wake it.
+    sleeping: AtomicBool,
+    wake: OwnedFd,
+    stop: AtomicBool,
+    /// The `/dev/fuse` channel, for backing files.
+    pub(crate) channel: ChannelSender,
+}
+
+// SAFETY: an entry's buffers are used by one party at a time, handed over through the
+// kernel (command completion, commit) and the `replied` mutex; see `Entry`.
+unsafe impl Sync for RingQueue {}
+// SAFETY: as above; the ring itself is behind a mutex.
+unsafe impl Send for RingQueue {}
+
+thread_local! {
+    /// The queue served by this thread, if it serves one: its replies need no wake-up.
+    static SERVING: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+}
+
+/// The reply route of a request that came through a ring.
+#[derive(Clone)]
+pub(crate) struct RingReply {
+    queue: Arc<RingQueue>,
+    entry: u16,
+}
+
+impl std::fmt::Debug for RingReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RingReply(q{} e{})", self.queue.qid, self.entry)
+    }
+}
+
+impl RingReply {
+    pub(crate) fn channel(&self) -> &ChannelSender {
+        &self.queue.channel
+    }
+
+    /// Writes the reply (`fuse_out_header` first) into the entry and queues its commit.
+    pub(crate) fn send(&self, data: &[io::IoSlice<'_>]) -> io::Result<()> {
+        let entry = self.queue.entry(self.entry);
+        // SAFETY: the entry's buffers belong to this request's one reply until its commit
+        // is queued below.
+        let (headers, payload) = unsafe { (&mut *entry.headers.get(), &mut *entry.payload.get()) };
+        let total: usize = data.iter().map(|b| b.len()).sum();
+        if total < OUT_HEADER || total - OUT_HEADER > payload.len() {
+            // Answered EIO all the same: an entry never committed is lost to the queue,
+            // and its caller waits for good.
+            let unique = entry.commit_id.load(Ordering::Acquire);
+            headers.in_out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+            headers.in_out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            headers.in_out[8..16].copy_from_slice(&unique.to_ne_bytes());
+            headers.ent.payload_sz = 0;
+            self.commit();
+            return Err(io::Error::other(format!(
+                "a reply of {total} bytes does not fit a ring entry"
+            )));
+        }
+        // The header goes to the header buffer, the rest to the payload; a slice may
+        // straddle the two.
+        let mut at = 0usize;
+        for b in data {
+            let mut b: &[u8] = b;
+            if at < OUT_HEADER {
+                let n = b.len().min(OUT_HEADER - at);
+                headers.in_out[at..at + n].copy_from_slice(&b[..n]);
+                at += n;
+                b = &b[n..];
+            }
+            if b.is_empty() {
+                continue;
+            }
+            payload[at - OUT_HEADER..at - OUT_HEADER + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        headers.ent.payload_sz = (total - OUT_HEADER) as u32;
+        self.commit();
+        Ok(())
+    }
+
+    /// Queues the entry's commit, waking the queue's thread if it sleeps.
+    fn commit(&self) {
+        self.queue.replied.lock().push(self.entry);
+        if SERVING.with(|s| s.get()) != Some(self.queue.qid)
+            && self.queue.sleeping.swap(false, Ordering::SeqCst)
+        {
+            self.queue.wake();
+        }
+    }
+}
+
+impl std::fmt::Debug for RingQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RingQueue({})", self.qid)
+    }
+}
+
+impl RingQueue {
+    fn entry(&self, i: u16) -> &Entry {
+        self.entries[i as usize].get().expect("a registered entry")
+    }
+
+    /// Makes entry `i` (its buffers) and the iovecs that register it.
+    fn make_entry(&self, i: usize) -> Box<[libc::iovec; 2]> {
+        let e = self.entries[i].get_or_init(|| Entry {
+            headers: UnsafeCell::new(Headers {
+                in_out: [0; 128],
+                op_in: [0; OP_IN],
+                ent: EntInOut::default(),
+            }),
+            // Zeroed allocations this large come from mmap: pages cost memory only once a
+            // request uses them.
+            payload: UnsafeCell::new(vec![0u8; self.payload].into_boxed_slice()),
+            commit_id: AtomicU64::new(0),
+        });
+        // SAFETY: only the address is taken; the kernel owns the buffer from REGISTER on.
+        let payload = unsafe { &mut *e.payload.get() };
+        Box::new([
+            libc::iovec {
+                iov_base: e.headers.get().cast(),
+                iov_len: std::mem::size_of::<Headers>(),
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
+        ])
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a valid buffer to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Asks the queue's thread to stop (the session is over).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+}
+
+/// The CPUs the kernel may run a caller on: it makes one queue per possible CPU and
+/// expects every one to be registered before it uses any.
+pub(crate) fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let last = s
+        .trim()
+        .split(',')
+        .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
+        .max()
+        .ok_or_else(|| io::Error::other(format!("cannot parse possible CPUs {s:?}")))?;
+    Ok(last + 1)
+}
+
+/// Makes the rings and buffers of every queue, before FUSE_INIT is answered: once the
+/// kernel is told that io_uring will be used, requests wait until every queue is
+/// registered, so a ring that cannot be made must be known before.
+pub(crate) fn make_queues(
+    depth: u16,
+    payload: usize,
+    channel: &ChannelSender,
+) -> io::Result<Vec<Arc<RingQueue>>> {
+    let cpus = possible_cpus()?;
+    let depth = depth.clamp(1, MAX_ENTRIES as u16);
+    let mut queues = Vec::with_capacity(cpus);
+    for qid in 0..cpus {
+        // Room for a command per entry and the eventfd read.
+        let ring = IoUring::<squeue::Entry128>::builder()
+            .setup_cqsize(2 * (MAX_ENTRIES as u32 + 1))
+            .build(MAX_ENTRIES as u32 + 1)?;
+        // SAFETY: eventfd has no memory preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        queues.push(Arc::new(RingQueue {
+            qid: qid as u16,
+            ring: Mutex::new(Some(ring)),
+            entries: (0..MAX_ENTRIES).map(|_| std::sync::OnceLock::new()).collect(),
+            depth,
+            payload,
+            replied: Mutex::new(Vec::new()),
+            sleeping: AtomicBool::new(false),
+            // SAFETY: fd was just created and is owned here.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            stop: AtomicBool::new(false),
+            channel: channel.clone(),
+        }));
+    }
+    Ok(queues)
+}
+
+/// The command SQE of `entry`: REGISTER (with its buffers) or COMMIT_AND_FETCH.
+fn command(
+    dev: i32,
+    q: &RingQueue,
+    entry: u16,
+    cmd_op: u32,
+    iov: Option<&[libc::iovec; 2]>,
+) -> squeue::Entry128 {
+    // struct fuse_uring_cmd_req { u64 flags; u64 commit_id; u16 qid; u8 padding[6]; }
+    let mut cmd = [0u8; 80];
+    if cmd_op == CMD_COMMIT_AND_FETCH {
+        let id = q.entry(entry).commit_id.load(Ordering::Acquire);
+        cmd[8..16].copy_from_slice(&id.to_ne_bytes());
+    }
+    cmd[16..18].copy_from_slice(&q.qid.to_ne_bytes());
+    let sqe = opcode::UringCmd80::new(types::Fd(dev), cmd_op)
+        .cmd(cmd)
+        .addr(iov.map(|iov| iov.as_ptr() as u64))
+        .build()
+        .user_data(entry as u64);
+    // The kernel takes the number of iovecs from sqe->len (offset 24), which the builder
+    // does not set: two, the headers and the payload.
+    // SAFETY: Entry128 is repr(C) over two io_uring_sqe-sized halves; len is a u32 at 24.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+    // SAFETY: as above, the same bytes with len set.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+/// Pins the calling thread to `cpu`; the kernel queues a request on the queue of the CPU
+/// its caller runs on, so this thread shares that CPU with its callers.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it for cpu < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                debug!("io_uring queue {cpu}: not pinned: {}", io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+/// Serves queue `q` until the connection ends or the session stops it: registers entries,
+/// then hands each request to `dispatch` (with a contiguous `/dev/fuse`-style copy of it
+/// and its reply route) and commits the replies.
+pub(crate) fn serve(
+    q: Arc<RingQueue>,
+    dev: &impl AsFd,
+    stats: &UringStats,
+    mut dispatch: impl FnMut(&[u8], RingReply),
+) -> io::Result<()> {
+    pin_to(q.qid as usize);
+    SERVING.with(|s| s.set(Some(q.qid)));
+    let Some(mut ring) = q.ring.lock().take() else {
+        return Ok(());
+    };
+    let dev = dev.as_fd().as_raw_fd();
+    let mut wake_buf = [0u8; 8];
+    let wake_ptr = wake_buf.as_mut_ptr();
+    let wake_read = || {
+        squeue::Entry128::from(
+            opcode::Read::new(types::Fd(q.wake.as_raw_fd()), wake_ptr, 8)
+                .build()
+                .user_data(WAKE),
+        )
+    };
+    // SAFETY: wake_buf outlives the ring's use of it (this function).
+    unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(&q))?;
+    // The iovecs of the REGISTERs: the kernel reads them when it takes the command, which
+    // an interrupted submission may put off.
+    let mut iovecs: Vec<Box<[libc::iovec; 2]>> = Vec::new();
+    let mut registered = 0usize;
+    stats.queues.fetch_add(1, Ordering::Relaxed);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut ready: Vec<(u64, i32)> = Vec::new();
+    // Requests handed to the file system and not replied to yet.
+    let mut in_flight = 0usize;
+    let result = loop {
+        if q.stop.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        // Grow while nearly every entry holds a request.
+        if registered == 0 || (in_flight + 2 >= registered && registered < MAX_ENTRIES) {
+            let more = (q.depth as usize).min(MAX_ENTRIES - registered);
+            let mut sq = ring.submission();
+            for i in registered..registered + more {
+                let iov = q.make_entry(i);
+                // SAFETY: the buffers live as long as the queue (held by `q`), the iovecs
+                // as long as this function.
+                unsafe { sq.push(&command(dev, &q, i as u16, CMD_REGISTER, Some(&iov))) }
+                    .map_err(|_| sq_full(&q))?;
+                iovecs.push(iov);
+            }
+            registered += more;
+        }
+        // Announce the wait, then look once more: a reply queued before the announcement
+        // is committed now, one queued after it wakes the thread.
+        q.sleeping.store(true, Ordering::SeqCst);
+        let replied = std::mem::take(&mut *q.replied.lock());
+        in_flight -= replied.len();
+        {
+            let mut sq = ring.submission();
+            for e in replied {
+                // SAFETY: COMMIT_AND_FETCH carries no pointers.
+                unsafe { sq.push(&command(dev, &q, e, CMD_COMMIT_AND_FETCH, None)) }
+                    .map_err(|_| sq_full(&q))?;
+            }
+        }
+        let waited = ring.submit_and_wait(1);
+        q.sleeping.store(false, Ordering::SeqCst);
+        match waited {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e) => break Err(e),
+        }
+        ready.clear();
+        ready.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        let mut ended = false;
+        for &(user_data, res) in &ready {
+            if user_data == WAKE {
+                // SAFETY: as for the first read.
+                unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(&q))?;
+                continue;
+            }
+            if res < 0 {
+                let e = -res;
+                if matches!(e, libc::ENOTCONN | libc::ECANCELED | libc::ECONNABORTED | libc::ENODEV) {
+                    ended = true;
+                } else {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    warn!(
+                        "io_uring queue {}: entry {user_data}: {}",
+                        q.qid,
+                        io::Error::from_raw_os_error(e)
+                    );
+                }
+                continue;
+            }
+            let entry = user_data as u16;
+            let Some(request) = request_of(&q, entry, &mut buf) else {
+                warn!("io_uring queue {}: entry {entry}: malformed request", q.qid);
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            in_flight += 1;
+            dispatch(
+                request,
+                RingReply {
+                    queue: q.clone(),
+                    entry,
+                },
+            );
+        }
+        if ended {
+            break Ok(());
+        }
+    };
+    stats.queues.fetch_sub(1, Ordering::Relaxed);
+    SERVING.with(|s| s.set(None));
+    result
+}
+
+/// Cannot happen: the ring has room for a command per entry and the eventfd read.
+fn sq_full(q: &RingQueue) -> io::Error {
+    io::Error::other(format!("io_uring queue {}: submission queue full", q.qid))
+}
+
+/// The request in `entry`, laid out as `/dev/fuse` delivers it (in_header, the opcode's
+/// arguments, the payload), in `buf`.
+fn request_of<'b>(q: &RingQueue, entry: u16, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
+    let e = q.entries.get(entry as usize)?.get()?;
+    // SAFETY: the kernel completed the entry's command: its buffers hold a request and
+    // nobody else uses them until the reply.
+    let (headers, payload) = unsafe { (&*e.headers.get(), &*e.payload.get()) };
+    let len = u32::from_ne_bytes(headers.in_out[0..4].try_into().ok()?) as usize;
+    let payload_sz = headers.ent.payload_sz as usize;
+    let op_sz = len.checked_sub(IN_HEADER)?.checked_sub(payload_sz)?;
+    if op_sz > OP_IN || payload_sz > payload.len() {
+        return None;
+    }
+    e.commit_id.store(headers.ent.commit_id, Ordering::Release);
+    buf.clear();
+    buf.extend_from_slice(&headers.in_out[..IN_HEADER]);
+    buf.extend_from_slice(&headers.op_in[..op_sz]);
+    buf.extend_from_slice(&payload[..payload_sz]);
+    Some(&buf[..])
+}
