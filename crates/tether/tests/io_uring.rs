@@ -138,10 +138,8 @@ fn kill_all(children: &mut [Child]) {
 #[test]
 fn more_blocked_lock_waiters_than_a_queue_starts_with_leave_its_cpu_served() {
     require_uring!();
-    if Command::new("taskset").arg("-V").output().is_err()
-        || Command::new("flock").arg("-V").output().is_err()
-    {
-        eprintln!("SKIPPED: taskset or flock (util-linux) is not installed");
+    if let Some(p) = common::first_missing(&[&["taskset", "-V"], &["flock", "-V"]]) {
+        eprintln!("SKIPPED: {p} (util-linux) is not installed");
         return;
     }
     let t = TestMount::start_with(&[], &["--io-uring"]);

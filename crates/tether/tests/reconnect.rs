@@ -277,10 +277,8 @@ fn reads_go_on_while_the_server_is_killed_and_restarted() {
 #[test]
 fn a_build_completes_across_server_restarts() {
     require_mount!();
-    if Command::new("make").arg("--version").output().is_err()
-        || Command::new("cc").arg("--version").output().is_err()
-    {
-        eprintln!("SKIPPED: make or cc is not installed");
+    if let Some(p) = common::first_missing(&[&["make", "--version"], &["cc", "--version"]]) {
+        eprintln!("SKIPPED: {p} is not installed");
         return;
     }
     let mut tm = TestMount::start();

@@ -139,9 +139,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// The io_uring queues, one per CPU, when FUSE_INIT agreed on io_uring (uring.rs).
+    /// The io_uring queues and their rings, one per CPU, when FUSE_INIT agreed on io_uring
+    /// (uring.rs).
     #[cfg(target_os = "linux")]
-    uring_queues: Vec<Arc<crate::uring::RingQueue>>,
+    uring_queues: Vec<(Arc<crate::uring::RingQueue>, crate::uring::Ring)>,
     #[cfg(target_os = "linux")]
     uring_stats: Arc<crate::uring::UringStats>,
 }
@@ -328,27 +329,25 @@ impl<FS: Filesystem> Session<FS> {
         #[cfg(target_os = "linux")]
         let mut ring_threads = Vec::with_capacity(uring_queues.len());
         #[cfg(target_os = "linux")]
-        for q in &uring_queues {
-            let (q, ch, stats) = (q.clone(), ch_for_rings.clone(), uring_stats.clone());
+        let mut queues = Vec::with_capacity(uring_queues.len());
+        #[cfg(target_os = "linux")]
+        for (q, ring) in uring_queues {
+            let stats = uring_stats.clone();
             let event_loop = SessionEventLoop {
                 thread_name: "fuser-uring".to_string(),
                 filesystem: filesystem.clone(),
-                ch: ch.clone(),
+                ch: ch_for_rings.clone(),
                 allowed,
                 session_owner,
             };
+            queues.push(q.clone());
             ring_threads.push(thread::Builder::new().name("fuser-uring".into()).spawn(
                 move || {
-                    crate::uring::serve(q, &ch, &stats, |data, reply| {
-                        match RequestWithSender::new(ReplySender::Ring(reply), data) {
-                            Some(req) => {
-                                if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                                    req.reply::<ReplyEmpty>().ok();
-                                } else {
-                                    req.dispatch(&event_loop)
-                                }
-                            }
-                            None => error!("io_uring: invalid request"),
+                    let dev = event_loop.ch.clone();
+                    crate::uring::serve(q, ring, &dev, &stats, |data, reply| {
+                        // DESTROY is answered; the queue ends with the connection.
+                        if event_loop.serve_one(ReplySender::Ring(reply), data).is_none() {
+                            error!("io_uring: invalid request");
                         }
                     })
                 },
@@ -374,7 +373,7 @@ impl<FS: Filesystem> Session<FS> {
         // entries the kernel released without completing.
         #[cfg(target_os = "linux")]
         {
-            for q in &uring_queues {
+            for q in &queues {
                 q.stop();
             }
             for t in ring_threads {
@@ -616,6 +615,18 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
+    /// Parses and serves one request: `Some(true)` for DESTROY (answered here), `None` for
+    /// one that cannot be parsed.
+    fn serve_one(&self, sender: ReplySender, data: &[u8]) -> Option<bool> {
+        let req = RequestWithSender::new(sender, data)?;
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+            return Some(true);
+        }
+        req.dispatch(self);
+        Some(false)
+    }
+
     fn event_loop(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
@@ -625,16 +636,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
-                    // Dispatch request
-                    Some(req) => {
-                        if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                            req.reply::<ReplyEmpty>().ok();
-                            return Ok(());
-                        } else {
-                            req.dispatch(self)
-                        }
-                    }
+                Ok(size) => match self.serve_one(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
+                    Some(false) => {}
+                    // DESTROY ends the loop.
+                    Some(true) => return Ok(()),
                     // Quit loop on illegal request
                     None => {
                         return Err(io::Error::new(

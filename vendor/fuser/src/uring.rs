@@ -96,10 +96,18 @@ pub struct UringStats {
     pub failed: AtomicU64,
 }
 
-/// A CPU's queue: its ring, its entries, and replies waiting to be committed.
+/// A CPU's io_uring, held by the session until the thread that serves its queue takes it.
+pub(crate) struct Ring(IoUring<squeue::Entry128>);
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ring")
+    }
+}
+
+/// A CPU's queue: its entries, and replies waiting to be committed.
 pub(crate) struct RingQueue {
     qid: u16,
-    ring: Mutex<Option<IoUring<squeue::Entry128>>>,
     /// Registered entries first; the rest are made when the queue grows.
     entries: Box<[std::sync::OnceLock<Entry>]>,
     /// Entries registered at the start and added at each growth.
@@ -124,7 +132,7 @@ unsafe impl Send for RingQueue {}
 
 thread_local! {
     /// The queue served by this thread, if it serves one: its replies need no wake-up.
-    static SERVING: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+    static SERVING: std::cell::Cell<*const RingQueue> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
 /// The reply route of a request that came through a ring.
@@ -190,7 +198,7 @@ impl RingReply {
     /// Queues the entry's commit, waking the queue's thread if it sleeps.
     fn commit(&self) {
         self.queue.replied.lock().push(self.entry);
-        if SERVING.with(|s| s.get()) != Some(self.queue.qid)
+        if !std::ptr::eq(SERVING.with(|s| s.get()), Arc::as_ptr(&self.queue))
             && self.queue.sleeping.swap(false, Ordering::SeqCst)
         {
             self.queue.wake();
@@ -262,14 +270,14 @@ pub(crate) fn possible_cpus() -> io::Result<usize> {
     Ok(last + 1)
 }
 
-/// Makes the rings and buffers of every queue, before FUSE_INIT is answered: once the
-/// kernel is told that io_uring will be used, requests wait until every queue is
-/// registered, so a ring that cannot be made must be known before.
+/// Makes every queue and its ring, before FUSE_INIT is answered: once the kernel is told
+/// that io_uring will be used, requests wait until every queue is registered, so a ring
+/// that cannot be made must be known before.
 pub(crate) fn make_queues(
     depth: u16,
     payload: usize,
     channel: &ChannelSender,
-) -> io::Result<Vec<Arc<RingQueue>>> {
+) -> io::Result<Vec<(Arc<RingQueue>, Ring)>> {
     let cpus = possible_cpus()?;
     let depth = depth.clamp(1, MAX_ENTRIES as u16);
     let mut queues = Vec::with_capacity(cpus);
@@ -283,9 +291,8 @@ pub(crate) fn make_queues(
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        queues.push(Arc::new(RingQueue {
+        let queue = Arc::new(RingQueue {
             qid: qid as u16,
-            ring: Mutex::new(Some(ring)),
             entries: (0..MAX_ENTRIES).map(|_| std::sync::OnceLock::new()).collect(),
             depth,
             payload,
@@ -295,7 +302,8 @@ pub(crate) fn make_queues(
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             stop: AtomicBool::new(false),
             channel: channel.clone(),
-        }));
+        });
+        queues.push((queue, Ring(ring)));
     }
     Ok(queues)
 }
@@ -344,21 +352,32 @@ fn pin_to(cpu: usize) {
     }
 }
 
-/// Serves queue `q` until the connection ends or the session stops it: registers entries,
-/// then hands each request to `dispatch` (with a contiguous `/dev/fuse`-style copy of it
-/// and its reply route) and commits the replies.
+/// Serves queue `q` on its `ring` until the connection ends or the session stops it:
+/// registers entries, then hands each request to `dispatch` (with a contiguous
+/// `/dev/fuse`-style copy of it and its reply route) and commits the replies.
 pub(crate) fn serve(
     q: Arc<RingQueue>,
+    ring: Ring,
     dev: &impl AsFd,
+    stats: &UringStats,
+    dispatch: impl FnMut(&[u8], RingReply),
+) -> io::Result<()> {
+    pin_to(q.qid as usize);
+    SERVING.with(|s| s.set(Arc::as_ptr(&q)));
+    stats.queues.fetch_add(1, Ordering::Relaxed);
+    let result = serve_until_ended(&q, ring, dev.as_fd().as_raw_fd(), stats, dispatch);
+    stats.queues.fetch_sub(1, Ordering::Relaxed);
+    SERVING.with(|s| s.set(std::ptr::null()));
+    result
+}
+
+fn serve_until_ended(
+    q: &Arc<RingQueue>,
+    Ring(mut ring): Ring,
+    dev: i32,
     stats: &UringStats,
     mut dispatch: impl FnMut(&[u8], RingReply),
 ) -> io::Result<()> {
-    pin_to(q.qid as usize);
-    SERVING.with(|s| s.set(Some(q.qid)));
-    let Some(mut ring) = q.ring.lock().take() else {
-        return Ok(());
-    };
-    let dev = dev.as_fd().as_raw_fd();
     let mut wake_buf = [0u8; 8];
     let wake_ptr = wake_buf.as_mut_ptr();
     let wake_read = || {
@@ -369,19 +388,18 @@ pub(crate) fn serve(
         )
     };
     // SAFETY: wake_buf outlives the ring's use of it (this function).
-    unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(&q))?;
+    unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(q))?;
     // The iovecs of the REGISTERs: the kernel reads them when it takes the command, which
     // an interrupted submission may put off.
     let mut iovecs: Vec<Box<[libc::iovec; 2]>> = Vec::new();
     let mut registered = 0usize;
-    stats.queues.fetch_add(1, Ordering::Relaxed);
     let mut buf: Vec<u8> = Vec::new();
     let mut ready: Vec<(u64, i32)> = Vec::new();
     // Requests handed to the file system and not replied to yet.
     let mut in_flight = 0usize;
-    let result = loop {
+    loop {
         if q.stop.load(Ordering::SeqCst) {
-            break Ok(());
+            return Ok(());
         }
         // Grow while nearly every entry holds a request.
         if registered == 0 || (in_flight + 2 >= registered && registered < MAX_ENTRIES) {
@@ -391,8 +409,8 @@ pub(crate) fn serve(
                 let iov = q.make_entry(i);
                 // SAFETY: the buffers live as long as the queue (held by `q`), the iovecs
                 // as long as this function.
-                unsafe { sq.push(&command(dev, &q, i as u16, CMD_REGISTER, Some(&iov))) }
-                    .map_err(|_| sq_full(&q))?;
+                unsafe { sq.push(&command(dev, q, i as u16, CMD_REGISTER, Some(&iov))) }
+                    .map_err(|_| sq_full(q))?;
                 iovecs.push(iov);
             }
             registered += more;
@@ -406,8 +424,8 @@ pub(crate) fn serve(
             let mut sq = ring.submission();
             for e in replied {
                 // SAFETY: COMMIT_AND_FETCH carries no pointers.
-                unsafe { sq.push(&command(dev, &q, e, CMD_COMMIT_AND_FETCH, None)) }
-                    .map_err(|_| sq_full(&q))?;
+                unsafe { sq.push(&command(dev, q, e, CMD_COMMIT_AND_FETCH, None)) }
+                    .map_err(|_| sq_full(q))?;
             }
         }
         let waited = ring.submit_and_wait(1);
@@ -415,7 +433,7 @@ pub(crate) fn serve(
         match waited {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
-            Err(e) => break Err(e),
+            Err(e) => return Err(e),
         }
         ready.clear();
         ready.extend(ring.completion().map(|c| (c.user_data(), c.result())));
@@ -423,7 +441,7 @@ pub(crate) fn serve(
         for &(user_data, res) in &ready {
             if user_data == WAKE {
                 // SAFETY: as for the first read.
-                unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(&q))?;
+                unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(q))?;
                 continue;
             }
             if res < 0 {
@@ -441,7 +459,7 @@ pub(crate) fn serve(
                 continue;
             }
             let entry = user_data as u16;
-            let Some(request) = request_of(&q, entry, &mut buf) else {
+            let Some(request) = request_of(q, entry, &mut buf) else {
                 warn!("io_uring queue {}: entry {entry}: malformed request", q.qid);
                 stats.failed.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -457,12 +475,9 @@ pub(crate) fn serve(
             );
         }
         if ended {
-            break Ok(());
+            return Ok(());
         }
-    };
-    stats.queues.fetch_sub(1, Ordering::Relaxed);
-    SERVING.with(|s| s.set(None));
-    result
+    }
 }
 
 /// Cannot happen: the ring has room for a command per entry and the eventfd read.

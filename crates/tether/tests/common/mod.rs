@@ -47,6 +47,15 @@ pub fn mount_unavailable() -> Option<String> {
     None
 }
 
+/// The first of `commands` (a program and an argument that makes it print its version)
+/// that cannot be run here: a test that needs it skips.
+pub fn first_missing<'a>(commands: &[&[&'a str]]) -> Option<&'a str> {
+    commands.iter().find_map(|c| {
+        let ran = Command::new(c[0]).args(&c[1..]).output().is_ok();
+        (!ran).then_some(c[0])
+    })
+}
+
 /// Skips the calling test with a printed reason when mounts are unavailable.
 #[macro_export]
 macro_rules! require_mount {
