@@ -76,6 +76,68 @@ fn unmount_with_files_open_says_why_and_lazy_detaches() {
     });
 }
 
+/// A tmpfs mounted for a test, unmounted when dropped (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "tether-test-tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "cannot mount a tmpfs on {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn mount_type(mnt: &Path) -> Option<String> {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let want = mnt.to_string_lossy();
+    mounts
+        .lines()
+        .rfind(|l| l.split_whitespace().nth(1) == Some(&want))
+        .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+}
+
+/// After an unmount from outside, the client ends without unmounting again: what is
+/// mounted at that path by then (here a tmpfs, put there while a file kept the detached
+/// Tether mount alive) is someone else's.
+#[test]
+fn a_client_unmounted_from_outside_leaves_a_later_mount_alone() {
+    require_mount!();
+    let mut t = TestMount::start();
+    fs::write(t.export.join("held"), b"x").unwrap();
+    let held = fs::File::open(t.mnt.join("held")).unwrap();
+    let out = unmount(&t.mnt, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tmpfs = Tmpfs::mount(&t.mnt);
+    assert_eq!(mount_type(&t.mnt).as_deref(), Some("tmpfs"));
+    // The last file closed: the kernel ends the Tether connection and the client exits.
+    drop(held);
+    wait_until("the client exits", || {
+        matches!(t.mount.child.try_wait(), Ok(Some(_)))
+    });
+    let status = t.mount.child.wait().unwrap();
+    assert!(status.success(), "mount exited with {status}");
+    assert_eq!(
+        mount_type(&t.mnt).as_deref(),
+        Some("tmpfs"),
+        "the ending client unmounted what was mounted after it"
+    );
+    drop(tmpfs);
+}
+
 #[test]
 fn a_killed_client_leaves_nothing_held_on_the_server() {
     require_mount!();

@@ -190,8 +190,8 @@ fn libc_umount(mnt: &CStr) -> nix::Result<()> {
     }
 }
 
-/// Warning: This will return true if the filesystem has been detached (lazy unmounted), but not
-/// yet destroyed by the kernel.
+/// Whether the connection of `fuse_device` is still alive. Warning: This will return true if
+/// the filesystem has been detached (lazy unmounted), but not yet destroyed by the kernel.
 #[cfg(any(all(not(target_os = "macos"), test), fuser_mount_impl = "pure-rust"))]
 fn is_mounted(fuse_device: &DevFuse) -> bool {
     use std::os::unix::io::AsFd;
@@ -207,7 +207,10 @@ fn is_mounted(fuse_device: &DevFuse) -> bool {
         let res = poll(slice::from_mut(&mut poll_fd), PollTimeout::ZERO);
         break match res {
             Ok(0) => true,
-            Ok(1) => poll_fd
+            // The kernel's fuse_dev_poll reports POLLERR once the connection has ended
+            // (unmounted from outside or aborted). Upstream read that as "still mounted",
+            // and the session's end then unmounted whatever was mounted at the path since.
+            Ok(1) => !poll_fd
                 .revents()
                 .is_some_and(|r| r.contains(PollFlags::POLLERR)),
             Ok(_) => unreachable!(),
