@@ -228,10 +228,7 @@ fn counter(report: &str, key: &str) -> u64 {
 /// Waits for the client's own background work, which a loaded machine may delay by
 /// seconds (unlike [`visible`], whose deadline is the product's promise).
 fn settled(what: &str, done: impl FnMut() -> bool) {
-    assert!(
-        common::poll_until(Duration::from_secs(30), done),
-        "{what}: not done in 30 s"
-    );
+    common::wait_until(what, Duration::from_secs(30), done)
 }
 
 /// Waits until the mount has received every push of the host's earlier changes (none for

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{poll_until, status, TestMount};
+use common::{poll_until, status, wait_until, TestMount};
 
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -97,11 +97,10 @@ fn files_made_read_and_changed_through_the_rings_are_the_hosts() {
 
     // A host change still reaches the guest (pushed invalidations use /dev/fuse).
     std::fs::write(t.export.join("d/f3"), "changed on the host\n").unwrap();
-    assert!(
-        poll_until(Duration::from_secs(2), || {
-            std::fs::read_to_string(t.mnt.join("d/f3")).unwrap() == "changed on the host\n"
-        }),
-        "the host's change did not show through the mount"
+    wait_until(
+        "the host's change shows through the mount",
+        Duration::from_secs(2),
+        || std::fs::read_to_string(t.mnt.join("d/f3")).unwrap() == "changed on the host\n",
     );
 
     let after = uring_requests(&t.mnt);

@@ -14,10 +14,7 @@ use common::{Mount, Server, TestMount, TETHER};
 /// Waits until `f` holds (host-side changes show through the mount after the attribute
 /// timeout until pushed invalidation lands).
 fn eventually(what: &str, f: impl FnMut() -> bool) {
-    assert!(
-        common::poll_until(Duration::from_secs(5), f),
-        "timed out waiting for: {what}"
-    );
+    common::wait_until(what, Duration::from_secs(5), f)
 }
 
 #[test]

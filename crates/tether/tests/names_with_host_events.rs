@@ -11,28 +11,13 @@ use std::time::{Duration, Instant};
 
 use common::{status, TestMount};
 
-/// From `tether status`: host events (replayed, not watched in the guest, failed).
-fn replay_counts(mnt: &Path) -> (u64, u64, u64) {
-    let s = status(mnt);
-    let line = s
-        .lines()
-        .find_map(|l| l.strip_prefix("host events: on: "))
-        .unwrap_or_else(|| panic!("no host event counters in: {s}"));
-    let n: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.parse().unwrap())
-        .collect();
-    (n[0], n[1], n[2])
-}
-
 /// Waits until the host's creation of a directory in the mount root has gone through the
 /// replay thread and its name invalidation has been applied (see watch_events.rs).
 fn settled_creation(mnt: &Path) {
     let start = Instant::now();
     let within = Duration::from_secs(30);
     while {
-        let (replayed, unwatched, failed) = replay_counts(mnt);
+        let (replayed, unwatched, failed) = common::host_event_counts(mnt);
         replayed + unwatched + failed == 0
     } {
         assert!(start.elapsed() < within, "{}", status(mnt));

@@ -16,10 +16,7 @@ fn fd_count(pid: u32) -> usize {
 }
 
 fn wait_until(what: &str, done: impl FnMut() -> bool) {
-    assert!(
-        common::poll_until(Duration::from_secs(10), done),
-        "timed out waiting until {what}"
-    );
+    common::wait_until(what, Duration::from_secs(10), done)
 }
 
 fn unmount(mnt: &Path, lazy: bool) -> std::process::Output {

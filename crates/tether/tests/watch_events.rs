@@ -119,21 +119,6 @@ fn cookie(line: &str) -> &str {
     line.split(' ').nth(1).unwrap()
 }
 
-/// From `tether status`: host events (replayed, not watched in the guest, failed).
-fn replay_counts(mnt: &Path) -> (u64, u64, u64) {
-    let s = status(mnt);
-    let line = s
-        .lines()
-        .find_map(|l| l.strip_prefix("host events: on: "))
-        .unwrap_or_else(|| panic!("no host event counters in: {s}"));
-    let n: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.parse().unwrap())
-        .collect();
-    (n[0], n[1], n[2])
-}
-
 fn inotifywait_available() -> bool {
     Command::new("inotifywait")
         .arg("--help")
@@ -262,7 +247,7 @@ fn inotifywait_hears_every_kind_of_host_change() {
         1,
         "MODIFY of the guest's own append after a rename and a link"
     );
-    let (replayed, _, failed) = replay_counts(g);
+    let (replayed, _, failed) = common::host_event_counts(g);
     assert!(
         replayed >= 11,
         "{replayed} replayed: one per host change above"
@@ -382,14 +367,18 @@ fn a_burst_of_host_rewrites_loses_nothing() {
     }
     // Nobody watches yet: host changes are not replayed at all.
     assert_eq!(fs::read_dir(g.join("tree")).unwrap().count(), N);
-    let (_, unwatched, _) = replay_counts(g);
+    let (_, unwatched, _) = common::host_event_counts(g);
     fs::write(h.join("tree/f0"), b"unwatched").unwrap();
     let start = Instant::now();
-    while replay_counts(g).1 == unwatched {
+    while common::host_event_counts(g).1 == unwatched {
         assert!(start.elapsed() < DEADLINE, "{}", status(g));
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(replay_counts(g).0, 0, "replayed with nobody watching");
+    assert_eq!(
+        common::host_event_counts(g).0,
+        0,
+        "replayed with nobody watching"
+    );
 
     let w = Watcher::inotifywait(&g.join("tree"));
     for i in 0..N {
@@ -561,7 +550,7 @@ fn settled_creation(mnt: &Path) {
     const DEADLINE: Duration = Duration::from_secs(30);
     let start = Instant::now();
     while {
-        let (replayed, unwatched, failed) = replay_counts(mnt);
+        let (replayed, unwatched, failed) = common::host_event_counts(mnt);
         replayed + unwatched + failed == 0
     } {
         assert!(start.elapsed() < DEADLINE, "{}", status(mnt));
@@ -593,7 +582,7 @@ fn settled_creation(mnt: &Path) {
 fn replays_done(mnt: &Path, n: u64, within: Duration) -> (u64, u64) {
     let start = Instant::now();
     loop {
-        let (replayed, _, failed) = replay_counts(mnt);
+        let (replayed, _, failed) = common::host_event_counts(mnt);
         if replayed + failed >= n {
             return (replayed, failed);
         }
@@ -668,7 +657,7 @@ fn late_replays_never_bind_a_name_to_another_file() {
     assert_eq!(fs::read(g.join("w/p")).unwrap(), b"file Q");
     assert_eq!(fs::read(g.join("w/r")).unwrap(), b"file P");
     assert!(fs::symlink_metadata(g.join("w/q")).is_err());
-    let (replayed, _, _) = replay_counts(g);
+    let (replayed, _, _) = common::host_event_counts(g);
     eprintln!(
         "the guest saw the renames {seen_after:?} after the host made them; {replayed} of {} \
          replayed when it looked the names up",

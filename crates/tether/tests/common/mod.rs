@@ -164,6 +164,29 @@ pub fn poll_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// [`poll_until`] that fails the test, saying what did not happen within `within`.
+pub fn wait_until(what: &str, within: Duration, done: impl FnMut() -> bool) {
+    assert!(
+        poll_until(within, done),
+        "not done within {within:?}: {what}"
+    );
+}
+
+/// From `tether status MNT`: host events (replayed, not watched in the guest, failed).
+pub fn host_event_counts(mnt: &Path) -> (u64, u64, u64) {
+    let s = status(mnt);
+    let line = s
+        .lines()
+        .find_map(|l| l.strip_prefix("host events: on: "))
+        .unwrap_or_else(|| panic!("no host event counters in: {s}"));
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    (n[0], n[1], n[2])
+}
+
 /// The report of `tether status MNT`.
 pub fn status(mnt: &Path) -> String {
     tether_ok(&[Path::new("status"), mnt])
