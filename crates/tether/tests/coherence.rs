@@ -80,7 +80,12 @@ fn writeback_mount() -> Option<TestMount> {
 
 fn every_kind_of_host_change(mount_args: &[&str]) {
     let t = TestMount::start_with(&[], mount_args);
-    let (h, g) = (&t.export, &t.mnt);
+    every_kind_of_change(&t.export, &t.mnt);
+}
+
+/// Each kind of change, made in `h` (the export, or another mount of it) after the guest
+/// has cached the old state through `g`.
+fn every_kind_of_change(h: &Path, g: &Path) {
     fs::write(h.join("same"), b"aaaa").unwrap();
     fs::write(h.join("grow"), b"abc").unwrap();
     fs::write(h.join("shrink"), b"abcdef").unwrap();
@@ -182,6 +187,19 @@ impl WriteAllOk for fs::File {
     fn write_all_ok(mut self, data: &[u8]) {
         std::io::Write::write_all(&mut self, data).unwrap();
     }
+}
+
+/// Every kind of change made through a second mount of the export, each seen promptly
+/// through the first (for the second mount's server session they are host changes).
+#[test]
+fn every_kind_of_change_through_a_second_mount_is_seen_promptly() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    let other = t.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+    let _second = Mount::start(&address, &other, NO_TIMEOUT);
+    every_kind_of_change(&other, &t.mnt);
 }
 
 #[test]
