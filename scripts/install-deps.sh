@@ -13,6 +13,9 @@ command -v git >/dev/null || need+=(git)
 # Guest file watchers in the tests: inotifywait and Python's watchdog library.
 command -v inotifywait >/dev/null || need+=(inotify-tools)
 /usr/bin/python3 -c 'import watchdog.observers.inotify' 2>/dev/null || need+=(python3-watchdog)
+# The ssh transport's tests run a private sshd on 127.0.0.1.
+command -v ssh >/dev/null || need+=(openssh-client)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 for extra in "$@"; do
   dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done
@@ -23,6 +26,12 @@ fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  # Keep packages from starting services (openssh-server's sshd): the tests start their own.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi

@@ -192,7 +192,7 @@ pub struct Connection {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     #[error("the server refused the connection: {0}")]
     Refused(WireErrno),

@@ -3,6 +3,9 @@
 
 pub mod framed;
 mod socket_reader;
+mod ssh;
+
+pub use ssh::stdio;
 
 use socket_reader::{ReadTimeout, SocketReader};
 
@@ -17,19 +20,62 @@ use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// Where to listen or connect: `unix:/path/to.sock` or `tcp:HOST:PORT`.
+/// Where to listen or connect: `unix:/path/to.sock`, `tcp:HOST:PORT`, or (to connect only)
+/// `ssh:[USER@]HOST:DIR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
     Tcp(String),
+    Ssh(SshTarget),
+}
+
+/// A server started on demand through ssh: the client runs `ssh DESTINATION REMOTE_TETHER
+/// serve --stdio DIR` and speaks the protocol over that command's input and output. ssh
+/// authenticates both ends and encrypts the traffic; the server lives as long as the
+/// connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshTarget {
+    /// `HOST` or `USER@HOST` (an alias from ssh_config works too).
+    pub destination: String,
+    /// The directory to export, on the remote host; relative paths (and `~/...`) are
+    /// relative to the remote user's home.
+    pub dir: String,
+    /// The ssh program and options of one's own, e.g. `["ssh", "-p", "2222"]`.
+    pub command: Vec<String>,
+    /// The remote host's tether program.
+    pub remote_tether: String,
+}
+
+impl SshTarget {
+    /// The command line the remote shell runs.
+    pub fn remote_command(&self) -> String {
+        let dir = self.dir.strip_prefix("~/").unwrap_or(&self.dir);
+        let dir = if dir.is_empty() || dir == "~" {
+            "."
+        } else {
+            dir
+        };
+        format!("{} serve --stdio {}", self.remote_tether, shell_quote(dir))
+    }
+}
+
+/// `s` as one word for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AddressError {
-    #[error("address {0:?} has no scheme: use unix:/path/to.sock or tcp:HOST:PORT")]
+    #[error(
+        "address {0:?} has no scheme: use unix:/path/to.sock, tcp:HOST:PORT or ssh:[USER@]HOST:DIR"
+    )]
     NoScheme(String),
-    #[error("unknown transport {0:?}: use unix:/path/to.sock or tcp:HOST:PORT")]
+    #[error(
+        "unknown transport {0:?}: use unix:/path/to.sock, tcp:HOST:PORT or ssh:[USER@]HOST:DIR"
+    )]
     UnknownScheme(String),
+    #[error("ssh address {0:?} needs [USER@]HOST:DIR")]
+    NoSshDir(String),
     #[error("empty socket path in {0:?}")]
     EmptyPath(String),
     #[error("TCP address {0:?} needs HOST:PORT")]
@@ -55,9 +101,34 @@ impl FromStr for Address {
                 }
                 _ => Err(AddressError::NoPort(s.to_string())),
             },
+            "ssh" => match split_host(rest) {
+                Some((destination, dir)) if !destination.is_empty() && !dir.is_empty() => {
+                    Ok(Address::Ssh(SshTarget {
+                        destination: destination.to_string(),
+                        dir: dir.to_string(),
+                        command: vec!["ssh".to_string()],
+                        remote_tether: "tether".to_string(),
+                    }))
+                }
+                _ => Err(AddressError::NoSshDir(s.to_string())),
+            },
             other => Err(AddressError::UnknownScheme(other.to_string())),
         }
     }
+}
+
+/// Splits `[USER@]HOST:DIR` at the first colon outside brackets (`[::1]:dir`).
+fn split_host(s: &str) -> Option<(&str, &str)> {
+    let mut in_brackets = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => in_brackets = true,
+            ']' => in_brackets = false,
+            ':' if !in_brackets => return Some((&s[..i], &s[i + 1..])),
+            _ => {}
+        }
+    }
+    None
 }
 
 impl std::fmt::Display for Address {
@@ -65,6 +136,7 @@ impl std::fmt::Display for Address {
         match self {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
             Address::Tcp(a) => write!(f, "tcp:{a}"),
+            Address::Ssh(t) => write!(f, "ssh:{}:{}", t.destination, t.dir),
         }
     }
 }
@@ -247,6 +319,7 @@ pub fn connect(addr: &Address) -> io::Result<Stream> {
             Stream::from_socket(SocketKind::Unix(s), addr.to_string(), cred)
         }
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
+        Address::Ssh(t) => ssh::connect(t),
     }
 }
 
@@ -298,6 +371,10 @@ impl Listener {
                 })
             }
             Address::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a.as_str())?)),
+            Address::Ssh(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an ssh address is for mounting: on the host, ssh starts `tether serve --stdio`",
+            )),
         }
     }
 

@@ -12,7 +12,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tether_client::mount::{unmount, MountOptions, Mounted};
-use tether_client::rpc::{ConnectOptions, Redial};
+use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
 use tether_client::{CachePolicy, Coherence, Connection};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
@@ -38,8 +38,12 @@ enum Command {
         /// The directory to export.
         dir: PathBuf,
         /// Where to listen: unix:/path/to.sock or tcp:HOST:PORT.
-        #[arg(long, short)]
-        listen: String,
+        #[arg(long, short, required_unless_present = "stdio")]
+        listen: Option<String>,
+        /// Serve one client on standard input and output, then exit: what a client
+        /// mounting ssh:HOST:DIR runs on the host through ssh.
+        #[arg(long, conflicts_with_all = ["listen", "socket_group"])]
+        stdio: bool,
         /// Refuse every change to the export.
         #[arg(long)]
         read_only: bool,
@@ -72,9 +76,12 @@ enum Command {
     },
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     Mount {
-        /// The server: unix:/path/to.sock or tcp:HOST:PORT.
+        /// The server: unix:/path/to.sock, tcp:HOST:PORT, or ssh:[USER@]HOST:DIR (runs
+        /// `tether serve --stdio DIR` there through ssh).
         address: String,
         mountpoint: PathBuf,
+        #[command(flatten)]
+        ssh: SshArgs,
         /// Seconds the kernel may cache attributes and names the server does not watch
         /// (watched ones are cached until the server revokes them).
         #[arg(long, default_value_t = 1.0)]
@@ -126,11 +133,13 @@ enum Command {
     },
     /// Connect and authenticate to a server, and report what it offers; changes nothing.
     Check {
-        /// The server: unix:/path/to.sock or tcp:HOST:PORT.
+        /// The server: as for mount.
         address: String,
         /// As for mount.
         #[arg(long)]
         secret_file: Option<PathBuf>,
+        #[command(flatten)]
+        ssh: SshArgs,
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
@@ -170,8 +179,75 @@ fn main() -> ExitCode {
     }
 }
 
+/// On SIGINT or SIGTERM: every session answers what it read and says GOODBYE (clients
+/// send the rest to the next server), for at most DRAIN_LIMIT or until a second signal;
+/// then the socket file is removed and the process exits.
+fn drain_on_signals(drain: Arc<tether_server::Drain>, socket_file: Option<PathBuf>) -> Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
+    thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            drain.begin();
+            let hurry = thread::spawn(move || signals.forever().next());
+            let deadline = std::time::Instant::now() + DRAIN_LIMIT;
+            while !drain.wait(std::time::Duration::from_millis(50))
+                && !hurry.is_finished()
+                && std::time::Instant::now() < deadline
+            {}
+            if let Some(p) = socket_file {
+                let _ = std::fs::remove_file(p);
+            }
+            std::process::exit(0);
+        }
+    });
+    Ok(())
+}
+
+/// `serve --stdio`: one session on standard input and output (the ssh transport), then exit.
+fn serve_stdio(export: Arc<Export>, limits: SessionLimits, secret: Option<Vec<u8>>) -> Result<()> {
+    let stream = tether_transport::stdio().context("cannot serve on standard input and output")?;
+    let peer = stream.peer.clone();
+    tracing::info!(
+        peer,
+        "serving {} on standard input and output",
+        export.root_path.display()
+    );
+    let drain = Arc::new(tether_server::Drain::default());
+    drain_on_signals(drain.clone(), None)?;
+    tether_server::run_session(export, stream, &limits, secret.as_deref(), Some(drain))
+        .with_context(|| format!("session with {peer} ended"))
+}
+
+/// How to reach an ssh:HOST:DIR address.
+#[derive(clap::Args, Debug)]
+struct SshArgs {
+    /// For ssh: addresses, the ssh command with options of one's own (split at spaces),
+    /// e.g. "ssh -p 2222 -i ~/.ssh/guest".
+    #[arg(long, default_value = "ssh")]
+    ssh_command: String,
+    /// For ssh: addresses, the tether program on the remote host.
+    #[arg(long, default_value = "tether")]
+    remote_tether: String,
+}
+
 fn parse_address(s: &str) -> Result<Address> {
     s.parse::<Address>().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Parses a client's address; an ssh one takes its command from `ssh`.
+fn client_address(s: &str, ssh: SshArgs) -> Result<Address> {
+    let mut addr = parse_address(s)?;
+    if let Address::Ssh(t) = &mut addr {
+        t.command = ssh
+            .ssh_command
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        if t.command.is_empty() {
+            bail!("--ssh-command is empty");
+        }
+        t.remote_tether = ssh.remote_tether;
+    }
+    Ok(addr)
 }
 
 /// The secret a client offers: --secret-file, else the default file if it exists.
@@ -190,7 +266,20 @@ fn client_secret(secret_file: Option<PathBuf>) -> Result<Option<Vec<u8>>> {
 fn connect(addr: &Address, opts: ConnectOptions) -> Result<Arc<Connection>> {
     let stream =
         tether_transport::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
-    Connection::start_with(stream, opts).with_context(|| format!("handshake with {addr} failed"))
+    Connection::start_with(stream, opts).map_err(|e| {
+        let ended = matches!(&e, ConnectError::Io(io) if matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        ));
+        if ended && matches!(addr, Address::Ssh(_)) {
+            anyhow::anyhow!(
+                "handshake with {addr} failed: ssh or the remote tether ended first (their \
+                 messages above say why)"
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("handshake with {addr} failed"))
+        }
+    })
 }
 
 /// A group name (or number) as a gid.
@@ -217,6 +306,8 @@ fn run(cmd: Command) -> Result<()> {
         Command::Serve {
             dir,
             listen,
+            // clap requires --listen or --stdio: no --listen means --stdio.
+            stdio: _,
             read_only,
             max_node_fds,
             max_handles,
@@ -229,8 +320,26 @@ fn run(cmd: Command) -> Result<()> {
             if !(0.01..=3600.0).contains(&handshake_timeout) {
                 bail!("--handshake-timeout must be between 0.01 and 3600 seconds");
             }
-            let addr = parse_address(&listen)?;
             let id_map: IdMap = map_ids.parse()?;
+            let limits = SessionLimits {
+                handshake_timeout: std::time::Duration::from_secs_f64(handshake_timeout),
+                ..SessionLimits::default()
+            };
+            let export_options = ExportOptions {
+                read_only,
+                max_node_fds,
+                max_handles,
+                id_map,
+            };
+            let Some(listen) = listen else {
+                // Through ssh, which authenticated the client: the session runs as the user
+                // it logged in as. A secret is asked for only if given.
+                let secret = secret_file.map(|p| secret::load(&p)).transpose()?;
+                let export = Export::open(&dir, &export_options)
+                    .with_context(|| format!("cannot export {}", dir.display()))?;
+                return serve_stdio(export, limits, secret);
+            };
+            let addr = parse_address(&listen)?;
             let socket_group = socket_group.as_deref().map(group_id).transpose()?;
             if socket_group.is_some() && !matches!(addr, Address::Unix(_)) {
                 bail!("--socket-group applies to Unix sockets only");
@@ -257,45 +366,23 @@ fn run(cmd: Command) -> Result<()> {
                     Some(secret)
                 }
                 (Address::Unix(_), None) => None,
+                (Address::Ssh(_), None) => bail!(
+                    "cannot listen on an ssh address: a client mounting ssh:HOST:DIR starts \
+                     `tether serve --stdio DIR` on HOST itself"
+                ),
             };
-            let export = Export::open(
-                &dir,
-                &ExportOptions {
-                    read_only,
-                    max_node_fds,
-                    max_handles,
-                    id_map,
-                },
-            )
-            .with_context(|| format!("cannot export {}", dir.display()))?;
+            let export = Export::open(&dir, &export_options)
+                .with_context(|| format!("cannot export {}", dir.display()))?;
             let listener = Listener::bind(&addr, socket_group)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
                 Address::Unix(p) => Some(p.clone()),
-                Address::Tcp(_) => None,
+                Address::Tcp(_) | Address::Ssh(_) => None,
             };
             let drain = Arc::new(tether_server::Drain::default());
-            let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
-            let stopping = drain.clone();
-            thread::spawn(move || {
-                if signals.forever().next().is_some() {
-                    // Clients reconnect to the next server and send it what this one did
-                    // not answer; a second signal does not wait.
-                    stopping.begin();
-                    let hurry = thread::spawn(move || signals.forever().next());
-                    let deadline = std::time::Instant::now() + DRAIN_LIMIT;
-                    while !stopping.wait(std::time::Duration::from_millis(50))
-                        && !hurry.is_finished()
-                        && std::time::Instant::now() < deadline
-                    {}
-                    if let Some(p) = socket_file {
-                        let _ = std::fs::remove_file(p);
-                    }
-                    std::process::exit(0);
-                }
-            });
+            drain_on_signals(drain.clone(), socket_file)?;
             eprintln!(
                 "tether: serving {} on {bound}{}",
                 export.root_path.display(),
@@ -309,10 +396,7 @@ fn run(cmd: Command) -> Result<()> {
                     socket_group,
                     max_sessions,
                     drain,
-                    limits: SessionLimits {
-                        handshake_timeout: std::time::Duration::from_secs_f64(handshake_timeout),
-                        ..SessionLimits::default()
-                    },
+                    limits,
                 },
             )?;
             Ok(())
@@ -320,6 +404,7 @@ fn run(cmd: Command) -> Result<()> {
         Command::Mount {
             address,
             mountpoint,
+            ssh,
             attr_timeout,
             read_only,
             threads,
@@ -333,7 +418,7 @@ fn run(cmd: Command) -> Result<()> {
             gid,
             timeout,
         } => {
-            let addr = parse_address(&address)?;
+            let addr = client_address(&address, ssh)?;
             let mp_meta = std::fs::metadata(&mountpoint).with_context(|| {
                 format!("mount point {} is not a directory", mountpoint.display())
             })?;
@@ -413,8 +498,9 @@ fn run(cmd: Command) -> Result<()> {
         Command::Check {
             address,
             secret_file,
+            ssh,
         } => {
-            let addr = parse_address(&address)?;
+            let addr = client_address(&address, ssh)?;
             let conn = connect(
                 &addr,
                 ConnectOptions {
