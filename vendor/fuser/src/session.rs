@@ -345,9 +345,20 @@ impl<FS: Filesystem> Session<FS> {
                 move || {
                     let dev = event_loop.ch.clone();
                     crate::uring::serve(q, ring, &dev, &stats, |data, reply| {
-                        // DESTROY is answered; the queue ends with the connection.
-                        if event_loop.serve_one(ReplySender::Ring(reply), data).is_none() {
-                            error!("io_uring: invalid request");
+                        let route = reply.clone();
+                        // This thread alone serves its CPU's queue: a handler's panic
+                        // must not end it (the reply, dropped on the way, says EIO).
+                        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                            || event_loop.serve_one(ReplySender::Ring(reply), data),
+                        ));
+                        match served {
+                            // DESTROY is answered; the queue ends with the connection.
+                            Ok(Some(_)) => {}
+                            Ok(None) => {
+                                error!("io_uring: invalid request, answered EIO");
+                                route.fail();
+                            }
+                            Err(_) => error!("io_uring: a request's handler panicked"),
                         }
                     })
                 },

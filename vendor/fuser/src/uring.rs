@@ -119,6 +119,9 @@ pub(crate) struct RingQueue {
     /// another thread need to wake it.
     sleeping: AtomicBool,
     wake: OwnedFd,
+    /// Where the kernel puts the eventfd's count: owned by the queue, not the thread's
+    /// stack, because a read still armed when the thread ends may complete later.
+    wake_buf: UnsafeCell<[u8; 8]>,
     stop: AtomicBool,
     /// The `/dev/fuse` channel, for backing files.
     pub(crate) channel: ChannelSender,
@@ -127,8 +130,6 @@ pub(crate) struct RingQueue {
 // SAFETY: an entry's buffers are used by one party at a time, handed over through the
 // kernel (command completion, commit) and the `replied` mutex; see `Entry`.
 unsafe impl Sync for RingQueue {}
-// SAFETY: as above; the ring itself is behind a mutex.
-unsafe impl Send for RingQueue {}
 
 thread_local! {
     /// The queue served by this thread, if it serves one: its replies need no wake-up.
@@ -161,14 +162,7 @@ impl RingReply {
         let (headers, payload) = unsafe { (&mut *entry.headers.get(), &mut *entry.payload.get()) };
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total < OUT_HEADER || total - OUT_HEADER > payload.len() {
-            // Answered EIO all the same: an entry never committed is lost to the queue,
-            // and its caller waits for good.
-            let unique = entry.commit_id.load(Ordering::Acquire);
-            headers.in_out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-            headers.in_out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            headers.in_out[8..16].copy_from_slice(&unique.to_ne_bytes());
-            headers.ent.payload_sz = 0;
-            self.commit();
+            self.fail();
             return Err(io::Error::other(format!(
                 "a reply of {total} bytes does not fit a ring entry"
             )));
@@ -193,6 +187,24 @@ impl RingReply {
         headers.ent.payload_sz = (total - OUT_HEADER) as u32;
         self.commit();
         Ok(())
+    }
+
+    /// Answers the entry's request with EIO: an entry never committed is lost to the
+    /// queue, and its caller waits for good.
+    pub(crate) fn fail(&self) {
+        let Some(entry) = self.queue.entries.get(self.entry as usize).and_then(|e| e.get())
+        else {
+            return; // not an entry of ours: no request to answer
+        };
+        // SAFETY: as in `send`: the entry's buffers are this request's until its commit.
+        let headers = unsafe { &mut *entry.headers.get() };
+        // The request's unique id, from its in_header (len u32, opcode u32, unique u64).
+        let unique: [u8; 8] = headers.in_out[8..16].try_into().expect("8 bytes");
+        headers.in_out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+        headers.in_out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+        headers.in_out[8..16].copy_from_slice(&unique);
+        headers.ent.payload_sz = 0;
+        self.commit();
     }
 
     /// Queues the entry's commit, waking the queue's thread if it sleeps.
@@ -298,6 +310,7 @@ pub(crate) fn make_queues(
             payload,
             replied: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
+            wake_buf: UnsafeCell::new([0; 8]),
             // SAFETY: fd was just created and is owned here.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             stop: AtomicBool::new(false),
@@ -378,8 +391,7 @@ fn serve_until_ended(
     stats: &UringStats,
     mut dispatch: impl FnMut(&[u8], RingReply),
 ) -> io::Result<()> {
-    let mut wake_buf = [0u8; 8];
-    let wake_ptr = wake_buf.as_mut_ptr();
+    let wake_ptr = q.wake_buf.get().cast::<u8>();
     let wake_read = || {
         squeue::Entry128::from(
             opcode::Read::new(types::Fd(q.wake.as_raw_fd()), wake_ptr, 8)
@@ -387,7 +399,7 @@ fn serve_until_ended(
                 .user_data(WAKE),
         )
     };
-    // SAFETY: wake_buf outlives the ring's use of it (this function).
+    // SAFETY: wake_buf lives as long as the queue, which outlives its ring.
     unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(q))?;
     // The iovecs of the REGISTERs: the kernel reads them when it takes the command, which
     // an interrupted submission may put off.
@@ -401,8 +413,12 @@ fn serve_until_ended(
         if q.stop.load(Ordering::SeqCst) {
             return Ok(());
         }
-        // Grow while nearly every entry holds a request.
-        if registered == 0 || (in_flight + 2 >= registered && registered < MAX_ENTRIES) {
+        // Grow while fewer than half a depth of entries are free. A new entry only takes
+        // requests that come after it: one the kernel queued while every entry was busy
+        // waits for the next commit, which lock waiters holding all the others would not
+        // make. So grow well before the queue is full.
+        let free = registered - in_flight;
+        if registered == 0 || (free <= q.depth as usize / 2 && registered < MAX_ENTRIES) {
             let more = (q.depth as usize).min(MAX_ENTRIES - registered);
             let mut sq = ring.submission();
             for i in registered..registered + more {
@@ -459,20 +475,21 @@ fn serve_until_ended(
                 continue;
             }
             let entry = user_data as u16;
+            let route = RingReply {
+                queue: q.clone(),
+                entry,
+            };
             let Some(request) = request_of(q, entry, &mut buf) else {
                 warn!("io_uring queue {}: entry {entry}: malformed request", q.qid);
                 stats.failed.fetch_add(1, Ordering::Relaxed);
+                // Answered all the same, or its caller would wait for good.
+                in_flight += 1;
+                route.fail();
                 continue;
             };
             stats.requests.fetch_add(1, Ordering::Relaxed);
             in_flight += 1;
-            dispatch(
-                request,
-                RingReply {
-                    queue: q.clone(),
-                    entry,
-                },
-            );
+            dispatch(request, route);
         }
         if ended {
             return Ok(());
@@ -492,13 +509,14 @@ fn request_of<'b>(q: &RingQueue, entry: u16, buf: &'b mut Vec<u8>) -> Option<&'b
     // SAFETY: the kernel completed the entry's command: its buffers hold a request and
     // nobody else uses them until the reply.
     let (headers, payload) = unsafe { (&*e.headers.get(), &*e.payload.get()) };
+    // First: even a malformed request is committed (answered EIO) under this id.
+    e.commit_id.store(headers.ent.commit_id, Ordering::Release);
     let len = u32::from_ne_bytes(headers.in_out[0..4].try_into().ok()?) as usize;
     let payload_sz = headers.ent.payload_sz as usize;
     let op_sz = len.checked_sub(IN_HEADER)?.checked_sub(payload_sz)?;
     if op_sz > OP_IN || payload_sz > payload.len() {
         return None;
     }
-    e.commit_id.store(headers.ent.commit_id, Ordering::Release);
     buf.clear();
     buf.extend_from_slice(&headers.in_out[..IN_HEADER]);
     buf.extend_from_slice(&headers.op_in[..op_sz]);
