@@ -194,23 +194,25 @@ impl WriteAllOk for fs::File {
 #[test]
 fn every_kind_of_change_through_a_second_mount_is_seen_promptly() {
     require_mount!();
+    let (t, second) = two_mounts();
+    every_kind_of_change(&second.path, &t.mnt);
+}
+
+/// A mount, and a second mount of the same export (dropped first).
+fn two_mounts() -> (TestMount, Mount) {
     let t = TestMount::start_with(&[], NO_TIMEOUT);
     let other = t.dir.path().join("other");
     fs::create_dir(&other).unwrap();
     let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
-    let _second = Mount::start(&address, &other, NO_TIMEOUT);
-    every_kind_of_change(&other, &t.mnt);
+    let second = Mount::start(&address, &other, NO_TIMEOUT);
+    (t, second)
 }
 
 #[test]
 fn changes_through_a_second_mount_are_seen_promptly() {
     require_mount!();
-    let t = TestMount::start_with(&[], NO_TIMEOUT);
-    let other = t.dir.path().join("other");
-    fs::create_dir(&other).unwrap();
-    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
-    let _second = Mount::start(&address, &other, NO_TIMEOUT);
-    let (a, b) = (&t.mnt, &other);
+    let (t, second) = two_mounts();
+    let (a, b) = (&t.mnt, &second.path);
 
     fs::write(b.join("f"), b"one").unwrap();
     visible("create through the other mount", || {
