@@ -6,6 +6,7 @@
 #   tether-unix  tether serve + tether mount over a Unix socket
 #   tether-tcp   the same over TCP on 127.0.0.1
 #   sshfs        sshfs to a private sshd on 127.0.0.1 (generated keys, own config)
+#   tether-ssh   tether mount ssh:... through the same sshd (tether serve --stdio there)
 #   bindfs       bindfs: a plain FUSE passthrough, the floor of FUSE overhead
 #
 # Each one serves its own directory under /var/tmp/tether-compare.*, so they never share
@@ -117,8 +118,8 @@ tether_v="$("$tether" --version 2>&1 | head -1) ($(git -C "$repo" describe --alw
 
 # 3. The directories: one export per setup, one mount point per mount.
 base=$(mktemp -d /var/tmp/tether-compare.XXXXXX)
-mkdir -p "$base"/{native,export-unix,export-tcp,export-sshfs,export-bindfs,logs,out,ssh} \
-  "$base"/mnt/{tether-unix,tether-tcp,sshfs,bindfs}
+mkdir -p "$base"/{native,export-unix,export-tcp,export-sshfs,export-ssh,export-bindfs,logs,out,ssh} \
+  "$base"/mnt/{tether-unix,tether-tcp,sshfs,tether-ssh,bindfs}
 chmod 700 "$base/ssh"
 mnt=$base/mnt
 logs=$base/logs
@@ -221,6 +222,17 @@ else
   failed+=("sshfs: could not be set up (see the log above; sshd log: $(tail -3 "$logs/sshd.log" 2>/dev/null | tr '\n' ' '))")
   echo "compare.sh: sshfs setup failed; continuing without it" >&2
 fi
+# Tether through the same sshd: the client starts `tether serve --stdio` over ssh.
+if [ -n "$ssh_ok" ]; then
+  "$tether" mount "ssh:tether-compare:$base/export-ssh" "$mnt/tether-ssh" \
+    --ssh-command "ssh -F $base/ssh/ssh_config" --remote-tether "$tether" 2>"$logs/mount-ssh.log" &
+  pids+=($!)
+  if wait_mounted "$mnt/tether-ssh"; then
+    vs+=(--vs "$mnt/tether-ssh")
+  else
+    failed+=("tether-ssh: $(tail -3 "$logs/mount-ssh.log" | tr '\n' ' ')")
+  fi
+fi
 
 # 6. bindfs.
 say "bindfs"
@@ -315,6 +327,7 @@ md=$repo/docs/benchmarks.md
   echo "| tether-unix | Tether over a Unix socket, default options | \`tether serve EXPORT --listen unix:SOCK\`; \`tether mount unix:SOCK MNT\` |"
   echo "| tether-tcp | Tether over TCP loopback, default options | \`tether serve EXPORT --listen tcp:127.0.0.1:0\`; \`tether mount $tcp_addr MNT\` |"
   echo "| sshfs | sshfs (SFTP) to a private sshd on 127.0.0.1, default sshfs options | \`sshfs -F CONFIG tether-compare:EXPORT MNT\` |"
+  echo "| tether-ssh | Tether through the same sshd (the client runs \`tether serve --stdio EXPORT\` there), default options | \`tether mount ssh:tether-compare:EXPORT MNT --ssh-command \"ssh -F CONFIG\"\` |"
   echo "| bindfs | bindfs passthrough, default options: the floor of FUSE overhead | \`bindfs EXPORT MNT\` |"
   echo
   echo "Each setup has its own export directory under \`/var/tmp/tether-compare.*\` (ext4 here)."
