@@ -5,7 +5,7 @@ pub mod framed;
 mod socket_reader;
 mod ssh;
 
-pub use ssh::stdio;
+pub use ssh::{stdio, StdoutRelay};
 
 use socket_reader::{ReadTimeout, SocketReader};
 
@@ -55,7 +55,27 @@ impl SshTarget {
         } else {
             dir
         };
-        format!("{} serve --stdio {}", self.remote_tether, shell_quote(dir))
+        format!(
+            "{} serve --stdio -- {}",
+            self.remote_tether,
+            shell_quote(dir)
+        )
+    }
+
+    /// The destination as ssh takes it: an IPv6 address without its brackets.
+    pub fn ssh_destination(&self) -> String {
+        let (user, host) = match self.destination.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, self.destination.as_str()),
+        };
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        match user {
+            Some(u) => format!("{u}@{host}"),
+            None => host.to_string(),
+        }
     }
 }
 

@@ -182,17 +182,28 @@ fn main() -> ExitCode {
 /// On SIGINT or SIGTERM: every session answers what it read and says GOODBYE (clients
 /// send the rest to the next server), for at most DRAIN_LIMIT or until a second signal;
 /// then the socket file is removed and the process exits.
-fn drain_on_signals(drain: Arc<tether_server::Drain>, socket_file: Option<PathBuf>) -> Result<()> {
+/// With `exit_when_drained` false the caller exits once drained (it has output to finish);
+/// this thread only ends the process on a second signal or at the deadline.
+fn drain_on_signals(
+    drain: Arc<tether_server::Drain>,
+    socket_file: Option<PathBuf>,
+    exit_when_drained: bool,
+) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
     thread::spawn(move || {
         if signals.forever().next().is_some() {
             drain.begin();
             let hurry = thread::spawn(move || signals.forever().next());
             let deadline = std::time::Instant::now() + DRAIN_LIMIT;
-            while !drain.wait(std::time::Duration::from_millis(50))
-                && !hurry.is_finished()
-                && std::time::Instant::now() < deadline
-            {}
+            loop {
+                let drained = drain.wait(std::time::Duration::from_millis(50));
+                if (drained && exit_when_drained)
+                    || hurry.is_finished()
+                    || std::time::Instant::now() >= deadline
+                {
+                    break;
+                }
+            }
             if let Some(p) = socket_file {
                 let _ = std::fs::remove_file(p);
             }
@@ -204,7 +215,8 @@ fn drain_on_signals(drain: Arc<tether_server::Drain>, socket_file: Option<PathBu
 
 /// `serve --stdio`: one session on standard input and output (the ssh transport), then exit.
 fn serve_stdio(export: Arc<Export>, limits: SessionLimits, secret: Option<Vec<u8>>) -> Result<()> {
-    let stream = tether_transport::stdio().context("cannot serve on standard input and output")?;
+    let (stream, stdout) =
+        tether_transport::stdio().context("cannot serve on standard input and output")?;
     let peer = stream.peer.clone();
     tracing::info!(
         peer,
@@ -212,9 +224,11 @@ fn serve_stdio(export: Arc<Export>, limits: SessionLimits, secret: Option<Vec<u8
         export.root_path.display()
     );
     let drain = Arc::new(tether_server::Drain::default());
-    drain_on_signals(drain.clone(), None)?;
-    tether_server::run_session(export, stream, &limits, secret.as_deref(), Some(drain))
-        .with_context(|| format!("session with {peer} ended"))
+    drain_on_signals(drain.clone(), None, false)?;
+    let ended = tether_server::run_session(export, stream, &limits, secret.as_deref(), Some(drain));
+    // The last replies (and GOODBYE, after a SIGTERM) are still in the relay.
+    stdout.finish(std::time::Duration::from_secs(5));
+    ended.with_context(|| format!("session with {peer} ended"))
 }
 
 /// How to reach an ssh:HOST:DIR address.
@@ -269,7 +283,9 @@ fn connect(addr: &Address, opts: ConnectOptions) -> Result<Arc<Connection>> {
     Connection::start_with(stream, opts).map_err(|e| {
         let ended = matches!(&e, ConnectError::Io(io) if matches!(
             io.kind(),
-            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
         ));
         if ended && matches!(addr, Address::Ssh(_)) {
             anyhow::anyhow!(
@@ -382,7 +398,7 @@ fn run(cmd: Command) -> Result<()> {
                 Address::Tcp(_) | Address::Ssh(_) => None,
             };
             let drain = Arc::new(tether_server::Drain::default());
-            drain_on_signals(drain.clone(), socket_file)?;
+            drain_on_signals(drain.clone(), socket_file, true)?;
             eprintln!(
                 "tether: serving {} on {bound}{}",
                 export.root_path.display(),

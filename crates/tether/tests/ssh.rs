@@ -168,7 +168,7 @@ fn mount_through(sshd: &Sshd) -> SshMount {
 
 /// The pids of `tether serve --stdio EXPORT` processes.
 fn remote_servers(export: &Path) -> Vec<u32> {
-    let want = format!("serve\0--stdio\0{}\0", export.display());
+    let want = format!("serve\0--stdio\0--\0{}\0", export.display());
     fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
