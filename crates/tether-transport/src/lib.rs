@@ -339,7 +339,7 @@ pub fn connect(addr: &Address) -> io::Result<Stream> {
             Stream::from_socket(SocketKind::Unix(s), addr.to_string(), cred)
         }
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
-        Address::Ssh(t) => ssh::connect(t),
+        Address::Ssh(t) => ssh::connect(t, addr.to_string()),
     }
 }
 

@@ -39,8 +39,8 @@ const SSH_OPTIONS: &[&str] = &[
     "PermitLocalCommand=no",
 ];
 
-/// Starts ssh to `t` and returns the stream to the remote server.
-pub(crate) fn connect(t: &SshTarget) -> io::Result<Stream> {
+/// Starts ssh to `t` and returns the stream to the remote server, named `peer`.
+pub(crate) fn connect(t: &SshTarget, peer: String) -> io::Result<Stream> {
     let (program, options) = t
         .command
         .split_first()
@@ -78,11 +78,7 @@ pub(crate) fn connect(t: &SshTarget) -> io::Result<Stream> {
         .spawn(move || {
             let _ = child.wait();
         })?;
-    Stream::from_socket(
-        SocketKind::Unix(ours),
-        format!("ssh:{}:{}", t.destination, t.dir),
-        None,
-    )
+    Stream::from_socket(SocketKind::Unix(ours), peer, None)
 }
 
 /// Copies until the end of `from`, each read written on at once. Not `io::copy`: its splice

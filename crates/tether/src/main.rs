@@ -181,9 +181,9 @@ fn main() -> ExitCode {
 
 /// On SIGINT or SIGTERM: every session answers what it read and says GOODBYE (clients
 /// send the rest to the next server), for at most DRAIN_LIMIT or until a second signal;
-/// then the socket file is removed and the process exits.
-/// With `exit_when_drained` false the caller exits once drained (it has output to finish);
-/// this thread only ends the process on a second signal or at the deadline.
+/// then the socket file is removed and the process exits. With `exit_when_drained` false
+/// the caller exits once drained (it has output to finish), and this thread only on a
+/// second signal or at the deadline.
 fn drain_on_signals(
     drain: Arc<tether_server::Drain>,
     socket_file: Option<PathBuf>,
@@ -381,11 +381,8 @@ fn run(cmd: Command) -> Result<()> {
                     }
                     Some(secret)
                 }
-                (Address::Unix(_), None) => None,
-                (Address::Ssh(_), None) => bail!(
-                    "cannot listen on an ssh address: a client mounting ssh:HOST:DIR starts \
-                     `tether serve --stdio DIR` on HOST itself"
-                ),
+                // Listener::bind refuses an ssh address, saying why.
+                (Address::Unix(_) | Address::Ssh(_), None) => None,
             };
             let export = Export::open(&dir, &export_options)
                 .with_context(|| format!("cannot export {}", dir.display()))?;

@@ -198,11 +198,11 @@ impl RingReply {
         };
         // SAFETY: as in `send`: the entry's buffers are this request's until its commit.
         let headers = unsafe { &mut *entry.headers.get() };
-        // The request's unique id, from its in_header (len u32, opcode u32, unique u64).
-        let unique: [u8; 8] = headers.in_out[8..16].try_into().expect("8 bytes");
+        // The commit id is the request's unique id (request_of stores it first).
+        let unique = entry.commit_id.load(Ordering::Acquire);
         headers.in_out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
         headers.in_out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-        headers.in_out[8..16].copy_from_slice(&unique);
+        headers.in_out[8..16].copy_from_slice(&unique.to_ne_bytes());
         headers.ent.payload_sz = 0;
         self.commit();
     }
