@@ -30,6 +30,7 @@ use tether_proto::{
 };
 
 use crate::host_events::{Backlog, Replayer};
+use crate::write_behind::WriteBehind;
 use crate::writeback::AttrFixer;
 
 /// Host events to replay: batch `batch` of the name invalidations that wait for them.
@@ -102,6 +103,8 @@ pub struct Coherence {
     pub io_uring: OnceLock<Arc<fuser::UringStats>>,
     /// Set when the kernel caches writes (writeback.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
+    /// Written-through writes answered before the server's reply (write_behind.rs).
+    pub write_behind: OnceLock<Arc<WriteBehind>>,
     fuse_dev: OnceLock<OwnedFd>,
     /// Name invalidations waiting for replays, oldest first: applied by the replay thread
     /// once the replays before them are done, or by the invalidation thread when due.
@@ -215,6 +218,7 @@ impl Coherence {
             replayer: OnceLock::new(),
             io_uring: OnceLock::new(),
             fixer: OnceLock::new(),
+            write_behind: OnceLock::new(),
             fuse_dev: OnceLock::new(),
             waiting_names: Mutex::new(VecDeque::new()),
             alls_queued: AtomicU64::new(0),
@@ -502,6 +506,17 @@ impl Coherence {
         let seq = self.next_seq();
         self.mark_invalidated(node, seq);
         self.last_push.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// What the kernel holds of `node` is wrong (a write it was told had succeeded failed on
+    /// the server): treated as invalidated now, and dropped from the kernel by the
+    /// invalidation thread, as a push would be.
+    pub fn revoke(&self, node: NodeId) {
+        self.distrust(node);
+        let _ = self.queue.send(InvalidatePush {
+            items: vec![Invalidation::Inode(node)],
+            events: Vec::new(),
+        });
     }
 
     /// Records that `node` was invalidated at `seq`, unless a later sequence is recorded

@@ -31,6 +31,7 @@ use crate::partial_pages::PartialPages;
 use crate::prefetch::Prefetch;
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
+use crate::write_behind::{self, WriteBehind};
 use crate::writeback::AttrFixer;
 
 /// What a READDIRPLUS asks the server for at most: glibc's readdir buffer (the kernel's,
@@ -46,6 +47,10 @@ pub struct CachePolicy {
     /// Let the kernel cache writes (FUSE_WRITEBACK_CACHE) when the server pushes
     /// invalidations; see writeback.rs for what keeps that coherent, and its limits.
     pub writeback: bool,
+    /// Written through, answer a small `write()` once its WRITE is sent instead of when the
+    /// server's reply is in (write_behind.rs). Off, an error comes back from the write
+    /// that caused it and the host has the data when `write()` returns.
+    pub write_behind: bool,
 }
 
 impl Default for CachePolicy {
@@ -54,6 +59,7 @@ impl Default for CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
             writeback: false,
+            write_behind: false,
         }
     }
 }
@@ -87,6 +93,8 @@ pub struct TetherFs {
     /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
     /// and truncation is the server's job, not the kernel's.
     killpriv: bool,
+    /// Small written-through writes answered before the server's reply (write_behind.rs).
+    write_behind: Arc<WriteBehind>,
 }
 
 impl TetherFs {
@@ -99,6 +107,12 @@ impl TetherFs {
         locks: Option<Locks>,
     ) -> Self {
         let prefetch = Prefetch::new(co.clone());
+        let ordered = conn.hello.features & tether_proto::handshake::features::ORDERED_WRITES != 0;
+        let ordered = ordered && cache.write_behind;
+        let write_behind = co
+            .write_behind
+            .get_or_init(|| Arc::new(WriteBehind::new(ordered)))
+            .clone();
         TetherFs {
             conn,
             cache,
@@ -112,6 +126,7 @@ impl TetherFs {
             locks,
             pages: Arc::default(),
             killpriv: false,
+            write_behind,
         }
     }
 
@@ -136,6 +151,43 @@ impl TetherFs {
     /// must be answered with them and change nothing on the host.
     fn restating(&self, req: &FuseRequest) -> bool {
         self.replaying(req).is_some() || self.co.fixer().is_some_and(|f| f.is_restating(req.pid()))
+    }
+}
+
+/// What [`TetherFs::call`] does with a request's outcome: `ok` answers the kernel; an error
+/// is passed on, and a reply of the wrong shape (a server bug) becomes EIO.
+fn on_outcome<R: KernelReply + Send + 'static>(
+    reply: R,
+    ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
+) -> impl FnOnce(ReplyResult) + Send + 'static {
+    move |res: ReplyResult| match res {
+        Ok(r) => {
+            if let Err(reply) = ok(reply, r) {
+                reply.fail(Errno::EIO);
+            }
+        }
+        Err(e) => reply.fail(errno(e)),
+    }
+}
+
+/// Answers a GETATTR or SETATTR of `node` from its reply, which the client keeps to answer
+/// the next GETATTR itself while nothing touches the node (known_attrs.rs). Counts the
+/// request against the node: make it right before the request is sent.
+fn attr_answer(
+    co: &Arc<Coherence>,
+    known_attrs: &Arc<KnownAttrs>,
+    fallback: Duration,
+    node: NodeId,
+) -> impl FnOnce(ReplyAttr, Reply) -> Result<(), ReplyAttr> + Send + 'static {
+    let (co, known_attrs, sent) = (co.clone(), known_attrs.clone(), co.now());
+    let counted = known_attrs.asking(node);
+    move |reply, r| match r {
+        Reply::Attr(a) => {
+            known_attrs.learn(node, counted, Some(&a), sent, &co);
+            reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
+            Ok(())
+        }
+        _ => Err(reply),
     }
 }
 
@@ -366,14 +418,7 @@ impl TetherFs {
             reply.fail(Errno::EPERM);
             return;
         }
-        self.send(req, &msg, move |res: ReplyResult| match res {
-            Ok(r) => {
-                if let Err(reply) = ok(reply, r) {
-                    reply.fail(Errno::EIO);
-                }
-            }
-            Err(e) => reply.fail(errno(e)),
-        });
+        self.send(req, &msg, on_outcome(reply, ok));
     }
 
     /// Sends `msg` for the kernel's `req`; `done` runs with the outcome. A change to a
@@ -596,16 +641,31 @@ impl TetherFs {
     /// A GETATTR or SETATTR of `node`. The client keeps the reply to answer the next
     /// GETATTR itself while nothing touches the node (known_attrs.rs).
     fn attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
-        let (co, fallback, sent) = (self.co.clone(), self.cache.attr_ttl, self.co.now());
-        let (known_attrs, counted) = (self.known_attrs.clone(), self.known_attrs.asking(node));
-        self.call(req, msg, reply, move |reply, r| match r {
-            Reply::Attr(a) => {
-                known_attrs.learn(node, counted, Some(&a), sent, &co);
-                reply.attr(&ttl_for(&co, fallback, node, None, sent), &file_attr(&a));
-                Ok(())
+        let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, node);
+        self.call(req, msg, reply, answer);
+    }
+
+    /// The kernel's GETATTR of `node` while writes answered early are on their way: their
+    /// replies bring the attributes after them (WRITE_ATTR), so it is answered from those
+    /// once they are in, and asked of the server only if they do not tell.
+    fn getattr_after_writes(&self, req: &FuseRequest, node: NodeId, fh: u64, reply: ReplyAttr) {
+        let (co, known_attrs) = (self.co.clone(), self.known_attrs.clone());
+        let (fallback, conn, caller) = (self.cache.attr_ttl, self.conn.clone(), caller(req));
+        let then = Box::new(move || {
+            let now = co.now();
+            if let Some(a) = known_attrs.get(node, &co) {
+                let ttl = ttl_for(&co, fallback, node, None, now);
+                reply.attr(&ttl, &file_attr(&a));
+                return;
             }
-            _ => Err(reply),
+            let answer = attr_answer(&co, &known_attrs, fallback, node);
+            let msg = Request::Getattr { node, fh };
+            // From another thread: this may run on the reply reader (Connection::defer).
+            conn.defer(caller, msg, Some(Box::new(on_outcome(reply, answer))));
         });
+        if let Err(then) = self.write_behind.after_writes(node, then) {
+            then();
+        }
     }
 
     /// For open and opendir. When the server watches, ENOSYS puts the kernel in "no open"
@@ -680,6 +740,36 @@ impl TetherFs {
             }
             _ => Err(reply),
         });
+    }
+
+    /// A WRITE of `len` bytes to `node` counted in flight by `WriteBehind::begin`: the
+    /// kernel hears "written" once it is on the wire; the server's reply is kept as for
+    /// any write, and a failure goes to the file's next write or fsync (write_behind.rs).
+    fn write_behind(
+        &self,
+        req: &FuseRequest,
+        node: NodeId,
+        msg: Request,
+        len: usize,
+        reply: ReplyWrite,
+    ) {
+        let (co, sent, known_attrs) = (self.co.clone(), self.co.now(), self.known_attrs.clone());
+        let counted = known_attrs.asking(node);
+        let wb = self.write_behind.clone();
+        self.send(req, &msg, move |res: ReplyResult| {
+            let outcome = match res {
+                Ok(Reply::Written { size, attr }) => {
+                    known_attrs.learn(node, counted, attr.as_deref(), sent, &co);
+                    Ok(size)
+                }
+                Ok(_) => Err(WireErrno::EIO),
+                Err(e) => Err(e),
+            };
+            if wb.finish(node, len, outcome) {
+                co.revoke(node);
+            }
+        });
+        reply.written(len as u32);
     }
 }
 
@@ -789,6 +879,12 @@ impl Filesystem for TetherFs {
     }
 
     fn destroy(&mut self) {
+        // Writes answered early reach the server before the connection goes (a lost server
+        // gets as long as any request waits for it).
+        let left = self.write_behind.drain(self.conn.request_timeout());
+        if left > 0 {
+            tracing::error!("{left} write(s) answered early never reached the server");
+        }
         self.conn.shut_down();
     }
 
@@ -844,6 +940,9 @@ impl Filesystem for TetherFs {
             return;
         }
         let fh = fh.map(|f| f.0).unwrap_or(0);
+        if self.write_behind.writing(ino.0) {
+            return self.getattr_after_writes(req, ino.0, fh, reply);
+        }
         self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
     }
 
@@ -1100,10 +1199,14 @@ impl Filesystem for TetherFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if let Some(e) = self.write_behind.take_error(ino.0) {
+            reply.error(errno(e));
+            return;
+        }
         // The kernel keeps the pages of pushed-invalidation mounts across opens; with the
         // writeback cache it reads a page before writing part of it.
         if self.co.enabled() && self.co.fixer().is_none() {
@@ -1117,7 +1220,17 @@ impl Filesystem for TetherFs {
         };
         // FUSE_WRITE_KILL_SUIDGID needs nothing more: the server clears set-user-ID after
         // every write by a caller other than root.
-        self.written_call(req, msg, reply);
+        // Written through only: with the writeback cache the kernel's own write-back and the
+        // fixer expect each WRITE done when answered.
+        let early = self.co.fixer().is_none()
+            && self.replaying(req).is_none()
+            && write_behind::may_answer_early(data.len(), flags.0)
+            && self.write_behind.begin(ino.0, data.len());
+        if early {
+            self.write_behind(req, ino.0, msg, data.len(), reply);
+        } else {
+            self.written_call(req, msg, reply);
+        }
     }
 
     fn flush(
@@ -1176,15 +1289,24 @@ impl Filesystem for TetherFs {
             reply.ok();
             return;
         }
-        self.empty_call(
-            req,
-            Request::Fsync {
-                node: ino.0,
-                fh: fh.0,
-                datasync,
-            },
-            reply,
-        );
+        let msg = Request::Fsync {
+            node: ino.0,
+            fh: fh.0,
+            datasync,
+        };
+        // The replies to earlier writes come first on the stream: an error of one answered
+        // early is known by the time this one is answered.
+        let wb = self.write_behind.clone();
+        self.call(req, msg, reply, move |reply, r| match r {
+            Reply::Empty => {
+                match wb.take_error(ino.0) {
+                    Some(e) => reply.error(errno(e)),
+                    None => reply.ok(),
+                }
+                Ok(())
+            }
+            _ => Err(reply),
+        });
     }
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

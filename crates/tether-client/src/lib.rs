@@ -14,6 +14,7 @@ pub mod restore;
 pub mod rpc;
 pub mod status;
 mod sys;
+pub mod write_behind;
 pub mod writeback;
 
 pub use coherence::Coherence;

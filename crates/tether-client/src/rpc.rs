@@ -391,6 +391,7 @@ impl Connection {
                 | features::DIR_END
                 | features::DIR_ATTR
                 | features::WRITE_ATTR
+                | features::ORDERED_WRITES
                 | match (&opts.on_push, opts.host_events) {
                     (None, _) => 0,
                     (Some(_), events) => {
@@ -761,6 +762,14 @@ impl Connection {
         *self.link.lock().unwrap() = Link::Closed;
         self.closer.lock().unwrap().close();
         self.fail_all();
+    }
+
+    /// How long a request may wait for a lost server (the redial timeout), or a moment for
+    /// a connection that does not redial.
+    pub fn request_timeout(&self) -> Duration {
+        self.redial
+            .as_ref()
+            .map_or(Duration::from_secs(5), |r| r.timeout)
     }
 
     pub fn is_closed(&self) -> bool {

@@ -116,6 +116,17 @@ fn answer(
         ),
         None => String::new(),
     };
+    let write_behind = match co.write_behind.get() {
+        Some(wb) if wb.on() => format!(
+            "on: {} writes answered before the server had them, {} of them failed there, {} \
+             in flight",
+            wb.counters.answered_early.load(Ordering::Relaxed),
+            wb.counters.failed_later.load(Ordering::Relaxed),
+            wb.in_flight(),
+        ),
+        _ if co.fixer().is_some() => "off (the writeback cache)".into(),
+        _ => "off (every write() waits for the server; `mount --write-behind` to change)".into(),
+    };
     let ownership = match conn.hello.id_mapping {
         IdMapping::Squash => "squash (every file appears to be the mount owner's)",
         IdMapping::Passthrough => "passthrough (host ids as they are)",
@@ -134,7 +145,8 @@ fn answer(
          invalidations not needed (the kernel held nothing since the last): {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
-         partly written page runs dropped: {}\nio_uring: {}\n{writeback}",
+         partly written page runs dropped: {}\nio_uring: {}\nwrite-behind: {write_behind}\n\
+         {writeback}",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"

@@ -43,7 +43,18 @@ pub mod features {
     /// client can answer the kernel's next request (for what follows the last entry,
     /// always empty) itself: one round trip fewer per directory listed.
     pub const DIR_END: u64 = 1 << 6;
+    /// The server executes every WRITE of at most [`super::ORDERED_WRITE_MAX`] bytes before
+    /// it reads the next request, so a request sent after such a WRITE sees its effect: the
+    /// client may answer the kernel's write before the server's reply (write-behind).
+    pub const ORDERED_WRITES: u64 = 1 << 7;
 }
+
+/// The most data a WRITE the server executes in order may carry (feature `ORDERED_WRITES`).
+pub const ORDERED_WRITE_MAX: usize = 64 * 1024;
+
+/// The body of a WRITE request besides its data: the caller (uid, gid, pid), the node, the
+/// handle and the offset.
+pub const WRITE_BODY_FIXED: usize = 3 * 4 + 3 * 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {

@@ -2105,6 +2105,22 @@ fn wire_constants() {
     assert_eq!(features::DIR_ATTR, 8);
     assert_eq!(features::CREATE_NO_HANDLE, 16);
     assert_eq!(features::WRITE_ATTR, 32);
+    assert_eq!(features::DIR_END, 64);
+    assert_eq!(features::ORDERED_WRITES, 128);
+    assert_eq!(handshake::ORDERED_WRITE_MAX, 65536);
+    // The server tells an ordered WRITE by its body length alone.
+    let data = Bytes::from(vec![0u8; handshake::ORDERED_WRITE_MAX]);
+    let frame = Request::Write {
+        node: N,
+        fh: 0,
+        offset: 0,
+        data,
+    }
+    .to_frame(1, CALLER);
+    assert_eq!(
+        frame.len() - FRAME_HEADER_LEN,
+        handshake::WRITE_BODY_FIXED + handshake::ORDERED_WRITE_MAX
+    );
     assert_eq!(open_flags::KEEP_CACHE, 1);
     assert_eq!(open_flags::DIRECT_IO, 2);
     assert_eq!(

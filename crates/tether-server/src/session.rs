@@ -134,7 +134,9 @@ pub fn run_session(
         }
     };
     let watch = fs.watching();
-    let mut granted = hello.features & (features::IO_BY_NODE | features::DIR_END);
+    // ORDERED_WRITES: `worker` executes small writes while it holds the reader.
+    let mut granted =
+        hello.features & (features::IO_BY_NODE | features::DIR_END | features::ORDERED_WRITES);
     if watch {
         granted |= features::PUSH_INVALIDATE;
         if fs.host_events {
@@ -314,17 +316,18 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
 
 /// Requests done in a few microseconds on a file the server holds open (they read an inode
 /// in memory; a small write goes to the page cache), executed without handing the reader
-/// on. Anything that may read the disk, wait for a lock, free many blocks (a truncation) or
+/// on. For small writes this is also a promise (feature `ORDERED_WRITES`): every request
+/// read after one sees its effect, so the client answers them early. Anything that may read the disk, wait for a lock, free many blocks (a truncation) or
 /// move much data is not, nor a FORGET of many nodes (each may close a descriptor and drop
 /// a watch).
 fn is_quick(h: &FrameHeader) -> bool {
-    const SMALL_WRITE: usize = 64 * 1024;
+    use tether_proto::handshake::{ORDERED_WRITE_MAX, WRITE_BODY_FIXED};
     const FEW_FORGETS: usize = 256;
     match Op::from_u16(h.op) {
         Ok(Op::Getattr | Op::Statfs | Op::Ping) => true,
         Ok(Op::Getxattr | Op::Listxattr | Op::Readlink | Op::LockRelease) => true,
         Ok(Op::Forget) => h.body_len <= FEW_FORGETS,
-        Ok(Op::Write) => h.body_len <= SMALL_WRITE,
+        Ok(Op::Write) => h.body_len <= WRITE_BODY_FIXED + ORDERED_WRITE_MAX,
         _ => false,
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{TestMount, TETHER};
+use common::{TestMount, Tmpfs, TETHER};
 
 fn fd_count(pid: u32) -> usize {
     fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
@@ -73,27 +73,6 @@ fn unmount_with_files_open_says_why_and_lazy_detaches() {
     });
 }
 
-/// A tmpfs mounted for a test, unmounted when dropped (also when the test fails).
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path) -> Tmpfs {
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "tether-test-tmpfs"])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "cannot mount a tmpfs on {}", at.display());
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 fn mount_type(mnt: &Path) -> Option<String> {
     let mounts = fs::read_to_string("/proc/mounts").unwrap();
     let want = mnt.to_string_lossy();
@@ -118,7 +97,7 @@ fn a_client_unmounted_from_outside_leaves_a_later_mount_alone() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tmpfs = Tmpfs::mount(&t.mnt);
+    let tmpfs = Tmpfs::mount(&t.mnt, None);
     assert_eq!(mount_type(&t.mnt).as_deref(), Some("tmpfs"));
     // The last file closed: the kernel ends the Tether connection and the client exits.
     drop(held);

@@ -328,3 +328,26 @@ impl Server {
         })
     }
 }
+
+/// A tmpfs mounted for a test (`size` as mount(8) takes it, or None for the default),
+/// unmounted when dropped (also when the test fails). Needs root.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: Option<&str>) -> Tmpfs {
+        let mut cmd = Command::new("mount");
+        cmd.args(["-t", "tmpfs"]);
+        if let Some(size) = size {
+            cmd.args(["-o", &format!("size={size}")]);
+        }
+        let ok = cmd.arg("tether-test-tmpfs").arg(at).status().unwrap();
+        assert!(ok.success(), "cannot mount a tmpfs on {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -1,0 +1,252 @@
+//! Write-behind (opt-in: `tether mount --write-behind`): a small written-through `write()`
+//! is answered as soon as its WRITE is on the wire, not when the server's reply comes back.
+//!
+//! Why the guest never sees old data: the server executes every WRITE of at most
+//! [`ORDERED_WRITE_MAX`](tether_proto::handshake::ORDERED_WRITE_MAX) bytes before it reads
+//! the next request (feature `ORDERED_WRITES`), and every request the kernel sends after
+//! hearing "written" goes out on the same stream after that WRITE. So whatever asks about
+//! the file next (a READ of a page the kernel does not hold, a GETATTR, a truncation, an
+//! unlock, after which the next lock holder anywhere reads the data) sees it, as if the
+//! write had waited. A lost connection sends the WRITE again (it is retry-safe) before
+//! anything newer; the client's exit waits for every one to be answered.
+//!
+//! What changes: the host has the data a moment after `write()` returned, and after
+//! `close()` too (FUSE does not tell the client of closes here), so a host process told by
+//! other means that a guest program is done may read the file before its last writes. An
+//! error (a full disk, a host that made the file read-only) reaches the writer one call
+//! late, at its next `write()` to the file or at `fsync()`, as write-back errors do on a
+//! local file system; it is logged, and the kernel's copy of the file is dropped so that
+//! the guest sees what the host has. A write opened with `O_SYNC`, `O_DSYNC` or `O_DIRECT`
+//! still waits, and so does any write while too much is in flight.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tether_proto::{NodeId, WireErrno};
+
+/// Most bytes answered before the server has them, over the whole mount.
+const MAX_BYTES_IN_FLIGHT: u64 = 1 << 20;
+
+#[derive(Default)]
+pub struct Counters {
+    /// Writes answered before the server's reply.
+    pub answered_early: AtomicU64,
+    /// Of those, writes the server then failed (their error went to the next call).
+    pub failed_later: AtomicU64,
+}
+
+/// Runs once a file's writes in flight are all answered.
+pub type AfterWrites = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct InFlight {
+    bytes: u64,
+    /// Writes in flight per file.
+    per_node: HashMap<NodeId, u32>,
+    /// What waits for a file's writes in flight to be answered.
+    waiting: HashMap<NodeId, Vec<AfterWrites>>,
+    /// The first error of a file's early-answered write, not yet given to a caller.
+    errors: HashMap<NodeId, WireErrno>,
+}
+
+/// The mount's early-answered writes: how many are in flight, and their errors.
+pub struct WriteBehind {
+    /// Asked for (`--write-behind`), and the server executes small WRITEs in order (feature
+    /// `ORDERED_WRITES`).
+    granted: bool,
+    state: Mutex<InFlight>,
+    drained: Condvar,
+    pub counters: Counters,
+}
+
+/// Whether a write of `len` bytes through a file opened with `open_flags` may be answered
+/// early at all: not one the caller asked to be durable or uncached.
+pub fn may_answer_early(len: usize, open_flags: i32) -> bool {
+    let waits = libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT;
+    len <= tether_proto::handshake::ORDERED_WRITE_MAX && open_flags & waits == 0
+}
+
+impl WriteBehind {
+    pub fn new(granted: bool) -> WriteBehind {
+        WriteBehind {
+            granted,
+            state: Mutex::new(InFlight::default()),
+            drained: Condvar::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Whether writes may be answered early on this mount at all.
+    pub fn on(&self) -> bool {
+        self.granted
+    }
+
+    /// An error of an earlier early-answered write to `node`, given to this caller (once).
+    pub fn take_error(&self, node: NodeId) -> Option<WireErrno> {
+        self.state.lock().unwrap().errors.remove(&node)
+    }
+
+    /// Whether writes to `node` answered early are on their way.
+    pub fn writing(&self, node: NodeId) -> bool {
+        self.state.lock().unwrap().per_node.contains_key(&node)
+    }
+
+    /// Runs `then` once every write to `node` in flight now is answered by the server (on
+    /// the thread that handles the last reply), or gives it back when none is.
+    pub fn after_writes(&self, node: NodeId, then: AfterWrites) -> Result<(), AfterWrites> {
+        let mut s = self.state.lock().unwrap();
+        if !s.per_node.contains_key(&node) {
+            return Err(then);
+        }
+        s.waiting.entry(node).or_default().push(then);
+        Ok(())
+    }
+
+    /// Counts a write of `len` bytes to `node` as in flight, if it may be answered early
+    /// ([`may_answer_early`] already checked): false when the server does not order writes
+    /// or too much is in flight already (the caller then waits for the reply).
+    pub fn begin(&self, node: NodeId, len: usize) -> bool {
+        if !self.granted {
+            return false;
+        }
+        let mut s = self.state.lock().unwrap();
+        if s.bytes + len as u64 > MAX_BYTES_IN_FLIGHT {
+            return false;
+        }
+        s.bytes += len as u64;
+        *s.per_node.entry(node).or_default() += 1;
+        self.counters.answered_early.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The server answered a write counted by [`WriteBehind::begin`]. Returns true when it
+    /// failed (the caller drops the kernel's copy of the file).
+    pub fn finish(&self, node: NodeId, len: usize, outcome: Result<u64, WireErrno>) -> bool {
+        let error = match outcome {
+            Ok(n) if n >= len as u64 => None,
+            // A regular file written short has no room left.
+            Ok(_) => Some(WireErrno::ENOSPC),
+            Err(e) => Some(e),
+        };
+        let mut s = self.state.lock().unwrap();
+        s.bytes -= len as u64;
+        let mut waited = Vec::new();
+        if let Some(n) = s.per_node.get_mut(&node) {
+            *n -= 1;
+            if *n == 0 {
+                s.per_node.remove(&node);
+                waited = s.waiting.remove(&node).unwrap_or_default();
+            }
+        }
+        if let Some(e) = error {
+            s.errors.entry(node).or_insert(e);
+            self.counters.failed_later.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                node,
+                "a write answered before the server had it failed there: {e:?}; the next \
+                 write to the file or fsync() gets the error, and the guest's copy is dropped"
+            );
+        }
+        if s.bytes == 0 {
+            self.drained.notify_all();
+        }
+        drop(s);
+        for then in waited {
+            then();
+        }
+        error.is_some()
+    }
+
+    /// Waits until every early-answered write is answered by the server, or `limit` passed.
+    /// Returns how many are still in flight.
+    pub fn drain(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let mut s = self.state.lock().unwrap();
+        while s.bytes > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self.drained.wait_timeout(s, left).unwrap().0;
+        }
+        s.per_node.values().map(|n| *n as usize).sum()
+    }
+
+    /// Writes in flight now (for `tether status`).
+    pub fn in_flight(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .per_node
+            .values()
+            .map(|n| *n as usize)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_goes_to_the_next_caller_once_and_draining_waits_for_replies() {
+        let wb = WriteBehind::new(true);
+        assert!(wb.begin(7, 4096));
+        assert!(wb.begin(7, 4096));
+        assert_eq!(wb.in_flight(), 2);
+        assert!(!wb.finish(7, 4096, Ok(4096)));
+        assert!(wb.finish(7, 4096, Ok(100)), "a short write is an error");
+        assert_eq!(wb.drain(Duration::from_millis(10)), 0);
+        assert_eq!(wb.take_error(7), Some(WireErrno::ENOSPC));
+        assert_eq!(wb.take_error(7), None);
+        assert_eq!(wb.counters.failed_later.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn what_waits_for_a_files_writes_runs_after_the_last_reply() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let wb = WriteBehind::new(true);
+        assert!(
+            wb.after_writes(3, Box::new(|| ())).is_err(),
+            "nothing in flight"
+        );
+        assert!(wb.begin(3, 10) && wb.begin(3, 10) && wb.begin(4, 10));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let then = Box::new(move || r.store(true, Ordering::SeqCst));
+        assert!(wb.after_writes(3, then).is_ok());
+        wb.finish(3, 10, Ok(10));
+        wb.finish(4, 10, Ok(10));
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "one write to the file is still on its way"
+        );
+        wb.finish(3, 10, Ok(10));
+        assert!(ran.load(Ordering::SeqCst));
+        assert!(!wb.writing(3));
+    }
+
+    #[test]
+    fn writes_wait_when_the_server_does_not_order_them_or_too_much_is_in_flight() {
+        assert!(!WriteBehind::new(false).begin(1, 10));
+        let wb = WriteBehind::new(true);
+        let big = tether_proto::handshake::ORDERED_WRITE_MAX;
+        let mut n = 0;
+        while wb.begin(1, big) {
+            n += 1;
+        }
+        assert_eq!(n as u64, MAX_BYTES_IN_FLIGHT / big as u64);
+        assert_eq!(
+            wb.drain(Duration::from_millis(5)),
+            n,
+            "nothing answered yet"
+        );
+        assert!(!may_answer_early(big + 1, 0));
+        assert!(!may_answer_early(10, libc::O_WRONLY | libc::O_SYNC));
+        assert!(!may_answer_early(10, libc::O_DIRECT));
+        assert!(may_answer_early(10, libc::O_WRONLY | libc::O_APPEND));
+    }
+}
