@@ -210,6 +210,11 @@ pub enum ConnectError {
     ServerNotAuthenticated,
     #[error("the server refused our secret: wrong --secret-file (the server logged the attempt)")]
     SecretRefused,
+    #[error(
+        "no answer to the handshake within {0:?}: the other side accepted the connection but \
+         is not a tether server, or is stuck"
+    )]
+    HandshakeTimedOut(Duration),
 }
 
 /// What a client asks for when it connects.
@@ -227,6 +232,8 @@ pub struct ConnectOptions {
     pub owner: (u32, u32),
     /// Reconnect when the connection drops; None: fail every request from then on.
     pub redial: Option<Redial>,
+    /// Longest the first handshake may wait for the server; None: as long as it takes.
+    pub handshake_timeout: Option<Duration>,
 }
 
 /// What every handshake of a connection sends.
@@ -283,6 +290,33 @@ fn watchdog(conn: std::sync::Weak<Connection>, timeout: Duration) {
             pinged = true;
         }
     }
+}
+
+/// [`handshake`], given up after `limit` without an answer (on sockets; pipes wait).
+fn timed_handshake(
+    stream: Stream,
+    params: &HandshakeParams,
+    limit: Option<Duration>,
+) -> Result<Session, ConnectError> {
+    let socket = stream.socket.clone().filter(|_| limit.is_some());
+    if let Some(s) = &socket {
+        s.set_read_timeout(limit)?;
+    }
+    let session = handshake(stream, params).map_err(|e| match (e, limit) {
+        (ConnectError::Io(io), Some(limit))
+            if matches!(
+                io.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            ConnectError::HandshakeTimedOut(limit)
+        }
+        (e, _) => e,
+    })?;
+    if let Some(s) = &socket {
+        s.set_read_timeout(None)?;
+    }
+    Ok(session)
 }
 
 /// Greets the server on `stream`, authenticating with the secret if it asks.
@@ -402,7 +436,7 @@ impl Connection {
             secret: opts.secret,
             owner: opts.owner,
         };
-        let session = handshake(stream, &params)?;
+        let session = timed_handshake(stream, &params, opts.handshake_timeout)?;
         let conn = Arc::new(Connection {
             link: Mutex::new(Link::Up {
                 writer: session.writer,
@@ -635,19 +669,10 @@ impl Connection {
             };
             self.expire(redial.timeout);
             attempts += 1;
+            let limit = Some(REDIAL_HANDSHAKE_LIMIT.min(redial.timeout));
             let dialed = (redial.dial)()
                 .map_err(ConnectError::Io)
-                .and_then(|stream| {
-                    if let Some(s) = &stream.socket {
-                        s.set_read_timeout(Some(REDIAL_HANDSHAKE_LIMIT.min(redial.timeout)))?;
-                    }
-                    let socket = stream.socket.clone();
-                    let session = handshake(stream, &self.params)?;
-                    if let Some(s) = socket {
-                        s.set_read_timeout(None)?;
-                    }
-                    Ok(session)
-                });
+                .and_then(|stream| timed_handshake(stream, &self.params, limit));
             let session = match dialed {
                 Ok(s) => s,
                 Err(e) => {

@@ -284,9 +284,19 @@ fn client_secret(secret_file: Option<PathBuf>) -> Result<Option<Vec<u8>>> {
 }
 
 /// Connects and performs the handshake (authenticating if the server asks).
-fn connect(addr: &Address, opts: ConnectOptions) -> Result<Arc<Connection>> {
+/// Longest a first handshake may wait for the server: a listener that is not a tether
+/// server (or a stuck one) fails the command instead of hanging it. Over ssh it covers the
+/// login too, which may ask for a password.
+const HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+const SSH_HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+fn connect(addr: &Address, mut opts: ConnectOptions) -> Result<Arc<Connection>> {
     let stream =
         tether_transport::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
+    opts.handshake_timeout = Some(match addr {
+        Address::Ssh(_) => SSH_HANDSHAKE_LIMIT,
+        _ => HANDSHAKE_LIMIT,
+    });
     Connection::start_with(stream, opts).map_err(|e| {
         let ended = matches!(&e, ConnectError::Io(io) if matches!(
             io.kind(),
@@ -472,6 +482,7 @@ fn run(cmd: Command) -> Result<()> {
                         dial: Box::new(move || tether_transport::connect(&dial_addr)),
                         timeout: std::time::Duration::from_secs_f64(timeout),
                     }),
+                    handshake_timeout: None, // set by connect()
                 },
             )?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);

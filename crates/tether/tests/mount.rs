@@ -266,6 +266,32 @@ fn a_client_that_is_not_tether_is_refused_and_the_server_keeps_serving() {
     assert_eq!(fs::read(t.export.join("still")).unwrap(), b"serving");
 }
 
+/// A listener that accepts and then says nothing (not a tether server, or a stuck one):
+/// the client gives up after its handshake limit with a message, instead of hanging.
+#[test]
+fn a_server_that_never_answers_fails_the_handshake_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let holder = std::thread::spawn(move || {
+        // Keeps the accepted connection open, silent, until the client hangs up.
+        let (mut c, _) = listener.accept().unwrap();
+        let _ = c.read_to_end(&mut Vec::new());
+    });
+    let started = std::time::Instant::now();
+    let out = Command::new(TETHER)
+        .arg("check")
+        .arg(format!("unix:{}", sock.display()))
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("no answer to the handshake"), "{err}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    holder.join().unwrap();
+}
+
 fn count_fds(pid: u32) -> usize {
     fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
