@@ -56,12 +56,41 @@ pub fn report(co: &Coherence, stats: Option<Arc<UringStats>>) {
 pub fn status(co: &Coherence) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     match co.io_uring.get() {
-        Some(s) => format!(
-            "on: {} requests through {} queues, {} failed",
+        Some(s) => describe(
             s.requests.load(Relaxed),
             s.queues.load(Relaxed),
-            s.failed.load(Relaxed)
+            s.failed.load(Relaxed),
         ),
         None => "off (/dev/fuse)".into(),
+    }
+}
+
+/// The status line of an agreed io_uring: a mount whose queue threads all ended after
+/// serving or failing (the kernel refused or ended their commands) is served through
+/// /dev/fuse again, and says so. (None serving and nothing done yet: they are starting.)
+fn describe(requests: u64, queues: u64, failed: u64) -> String {
+    if queues == 0 && requests + failed > 0 {
+        format!(
+            "agreed, but no queue is serving: requests come through /dev/fuse ({requests} \
+             came through io_uring, {failed} failed)"
+        )
+    } else {
+        format!("on: {requests} requests through {queues} queues, {failed} failed")
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::describe;
+
+    #[test]
+    fn a_mount_whose_queues_all_ended_does_not_say_on() {
+        assert_eq!(
+            describe(5, 2, 0),
+            "on: 5 requests through 2 queues, 0 failed"
+        );
+        assert!(describe(5, 0, 3).starts_with("agreed, but no queue is serving"));
+        assert!(describe(0, 0, 1).starts_with("agreed, but no queue is serving"));
+        assert!(describe(0, 0, 0).starts_with("on: "), "still starting");
     }
 }
