@@ -513,6 +513,9 @@ impl Coherence {
     /// invalidation thread, as a push would be.
     pub fn revoke(&self, node: NodeId) {
         self.distrust(node);
+        // Applied even without pushed invalidation, where nothing records what the kernel
+        // holds (the invalidation thread skips nodes it was given nothing of).
+        self.kernel_holds.entry(node).or_default().given = true;
         let _ = self.queue.send(InvalidatePush {
             items: vec![Invalidation::Inode(node)],
             events: Vec::new(),

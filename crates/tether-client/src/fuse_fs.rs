@@ -107,11 +107,9 @@ impl TetherFs {
         locks: Option<Locks>,
     ) -> Self {
         let prefetch = Prefetch::new(co.clone());
-        let ordered = conn.hello.features & tether_proto::handshake::features::ORDERED_WRITES != 0;
-        let ordered = ordered && cache.write_behind;
         let write_behind = co
             .write_behind
-            .get_or_init(|| Arc::new(WriteBehind::new(ordered)))
+            .get_or_init(|| Arc::new(WriteBehind::new(cache.write_behind)))
             .clone();
         TetherFs {
             conn,
@@ -885,6 +883,9 @@ impl Filesystem for TetherFs {
         if left > 0 {
             tracing::error!("{left} write(s) answered early never reached the server");
         }
+        for (node, e) in self.write_behind.unreported() {
+            tracing::error!(node, "a write answered early failed ({e:?}) and no later write or fsync of the file was there to report it");
+        }
         self.conn.shut_down();
     }
 
@@ -1222,7 +1223,15 @@ impl Filesystem for TetherFs {
         // every write by a caller other than root.
         // Written through only: with the writeback cache the kernel's own write-back and the
         // fixer expect each WRITE done when answered.
+        // By node only (fh 0): a server handle may be released, and not restored after a
+        // reconnect, before the write is sent again.
+        // The server must execute small writes in order (checked per write: a reconnect may
+        // reach a server that does not).
         let early = self.co.fixer().is_none()
+            && fh.0 == 0
+            && self
+                .conn
+                .grants(tether_proto::handshake::features::ORDERED_WRITES)
             && self.replaying(req).is_none()
             && write_behind::may_answer_early(data.len(), flags.0)
             && self.write_behind.begin(ino.0, data.len());

@@ -66,13 +66,13 @@ pub fn status(co: &Coherence) -> String {
 }
 
 /// The status line of an agreed io_uring: a mount whose queue threads all ended after
-/// serving or failing (the kernel refused or ended their commands) is served through
-/// /dev/fuse again, and says so. (None serving and nothing done yet: they are starting.)
+/// serving or failing (the kernel refused or ended their commands) says so instead of
+/// "on". (None serving and nothing done yet: they are starting.)
 fn describe(requests: u64, queues: u64, failed: u64) -> String {
     if queues == 0 && requests + failed > 0 {
         format!(
-            "agreed, but no queue is serving: requests come through /dev/fuse ({requests} \
-             came through io_uring, {failed} failed)"
+            "agreed, but no queue thread is serving any more ({requests} requests came \
+             through io_uring, {failed} failed; the log says why)"
         )
     } else {
         format!("on: {requests} requests through {queues} queues, {failed} failed")
@@ -89,8 +89,8 @@ mod status_tests {
             describe(5, 2, 0),
             "on: 5 requests through 2 queues, 0 failed"
         );
-        assert!(describe(5, 0, 3).starts_with("agreed, but no queue is serving"));
-        assert!(describe(0, 0, 1).starts_with("agreed, but no queue is serving"));
+        assert!(describe(5, 0, 3).starts_with("agreed, but no queue thread is serving"));
+        assert!(describe(0, 0, 1).starts_with("agreed, but no queue thread is serving"));
         assert!(describe(0, 0, 0).starts_with("on: "), "still starting");
     }
 }

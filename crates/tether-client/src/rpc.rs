@@ -176,6 +176,8 @@ pub struct Connection {
     /// The terms of the first session (a reconnect must not change what the mount was
     /// set up for).
     pub hello: HelloReply,
+    /// The features the current connection's server granted (`hello`'s are the first's).
+    features_now: AtomicU64,
     pub peer: String,
     /// The server's process id when it runs on this machine, else 0.
     server_pid: AtomicU32,
@@ -449,6 +451,7 @@ impl Connection {
             generations: AtomicU64::new(1),
             last_received: AtomicU64::new(0),
             epoch: Instant::now(),
+            features_now: AtomicU64::new(session.hello.features),
             hello: session.hello,
             peer: session.peer,
             server_pid: AtomicU32::new(session.server_pid.unwrap_or(0)),
@@ -684,6 +687,8 @@ impl Connection {
                     continue;
                 }
             };
+            self.features_now
+                .store(session.hello.features, Ordering::Relaxed);
             if session.hello.features != self.hello.features {
                 tracing::warn!(
                     "the server now grants features {:#x} (was {:#x}); going on",
@@ -728,20 +733,24 @@ impl Connection {
                 self.lost(generation, false, &format!("restoring state failed: {e}"));
                 continue;
             }
-            let Link::Restoring { mut writer, .. } = std::mem::replace(&mut *link, Link::Closed)
-            else {
+            let Link::Restoring { writer, .. } = std::mem::replace(&mut *link, Link::Closed) else {
                 unreachable!("checked above")
             };
-            let mut broken = false;
-            for frame in self.held_oneway.lock().unwrap().drain(..) {
-                broken = broken || writer.write_all(&frame).is_err();
-            }
             *link = Link::Up {
                 writer,
                 generation,
-                broken,
+                broken: false,
             };
+            // Waiting requests before the FORGETs held during the restore: a write the
+            // kernel was told is done (write_behind.rs) must reach its node before a FORGET
+            // sent after it lets the server drop the node. (Lookup counts only add up, so a
+            // waiting LOOKUP before a FORGET is as good as after it.)
             let resent = self.send_waiting(&mut link);
+            if let Link::Up { writer, broken, .. } = &mut *link {
+                for frame in self.held_oneway.lock().unwrap().drain(..) {
+                    *broken = *broken || writer.write_all(&frame).is_err();
+                }
+            }
             drop(link);
             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -787,6 +796,12 @@ impl Connection {
         *self.link.lock().unwrap() = Link::Closed;
         self.closer.lock().unwrap().close();
         self.fail_all();
+    }
+
+    /// Whether the current connection's server granted `feature` (a reconnect may reach a
+    /// different one).
+    pub fn grants(&self, feature: u64) -> bool {
+        self.features_now.load(Ordering::Relaxed) & feature != 0
     }
 
     /// How long a request may wait for a lost server (the redial timeout), or a moment for

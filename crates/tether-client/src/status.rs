@@ -117,6 +117,9 @@ fn answer(
         None => String::new(),
     };
     let write_behind = match co.write_behind.get() {
+        Some(wb) if wb.on() && !conn.grants(tether_proto::handshake::features::ORDERED_WRITES) => {
+            "asked for, but off: the server does not promise to execute writes in order".into()
+        }
         Some(wb) if wb.on() => format!(
             "on: {} writes answered before the server had them, {} of them failed there, {} \
              in flight",

@@ -37,24 +37,33 @@ pub struct Counters {
     pub failed_later: AtomicU64,
 }
 
-/// Runs once a file's writes in flight are all answered.
+/// Runs once the writes to a file in flight when it was registered are answered.
 pub type AfterWrites = Box<dyn FnOnce() + Send>;
+
+/// A file's early-answered writes: how many were sent and answered, and what waits for
+/// some of them.
+#[derive(Default)]
+struct NodeWrites {
+    begun: u64,
+    finished: u64,
+    /// Each waits until `finished` reaches its number: the writes before it, not those a
+    /// steady writer keeps adding (a `stat` during a long `dd` must not wait for its end).
+    waiting: Vec<(u64, AfterWrites)>,
+}
 
 #[derive(Default)]
 struct InFlight {
     bytes: u64,
-    /// Writes in flight per file.
-    per_node: HashMap<NodeId, u32>,
-    /// What waits for a file's writes in flight to be answered.
-    waiting: HashMap<NodeId, Vec<AfterWrites>>,
+    /// Files with writes in flight or waiters.
+    per_node: HashMap<NodeId, NodeWrites>,
     /// The first error of a file's early-answered write, not yet given to a caller.
     errors: HashMap<NodeId, WireErrno>,
 }
 
 /// The mount's early-answered writes: how many are in flight, and their errors.
 pub struct WriteBehind {
-    /// Asked for (`--write-behind`), and the server executes small WRITEs in order (feature
-    /// `ORDERED_WRITES`).
+    /// Asked for (`--write-behind`); the caller checks that the server executes small
+    /// WRITEs in order (feature `ORDERED_WRITES`).
     granted: bool,
     state: Mutex<InFlight>,
     drained: Condvar,
@@ -90,23 +99,27 @@ impl WriteBehind {
 
     /// Whether writes to `node` answered early are on their way.
     pub fn writing(&self, node: NodeId) -> bool {
-        self.state.lock().unwrap().per_node.contains_key(&node)
+        let s = self.state.lock().unwrap();
+        s.per_node.get(&node).is_some_and(|w| w.begun > w.finished)
     }
 
     /// Runs `then` once every write to `node` in flight now is answered by the server (on
-    /// the thread that handles the last reply), or gives it back when none is.
+    /// the thread that handles the reply), or gives it back when none is.
     pub fn after_writes(&self, node: NodeId, then: AfterWrites) -> Result<(), AfterWrites> {
         let mut s = self.state.lock().unwrap();
-        if !s.per_node.contains_key(&node) {
-            return Err(then);
+        match s.per_node.get_mut(&node) {
+            Some(w) if w.begun > w.finished => {
+                let target = w.begun;
+                w.waiting.push((target, then));
+                Ok(())
+            }
+            _ => Err(then),
         }
-        s.waiting.entry(node).or_default().push(then);
-        Ok(())
     }
 
     /// Counts a write of `len` bytes to `node` as in flight, if it may be answered early
-    /// ([`may_answer_early`] already checked): false when the server does not order writes
-    /// or too much is in flight already (the caller then waits for the reply).
+    /// ([`may_answer_early`] already checked): false when write-behind is off or too much
+    /// is in flight already (the caller then waits for the reply).
     pub fn begin(&self, node: NodeId, len: usize) -> bool {
         if !self.granted {
             return false;
@@ -116,7 +129,7 @@ impl WriteBehind {
             return false;
         }
         s.bytes += len as u64;
-        *s.per_node.entry(node).or_default() += 1;
+        s.per_node.entry(node).or_default().begun += 1;
         self.counters.answered_early.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -133,11 +146,18 @@ impl WriteBehind {
         let mut s = self.state.lock().unwrap();
         s.bytes -= len as u64;
         let mut waited = Vec::new();
-        if let Some(n) = s.per_node.get_mut(&node) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(w) = s.per_node.get_mut(&node) {
+            // Replies come in the order the writes went out: the answered ones are a prefix.
+            w.finished += 1;
+            let finished = w.finished;
+            let (ready, rest): (Vec<_>, Vec<_>) = w
+                .waiting
+                .drain(..)
+                .partition(|(target, _)| *target <= finished);
+            w.waiting = rest;
+            waited = ready.into_iter().map(|(_, then)| then).collect();
+            if w.begun == w.finished && w.waiting.is_empty() {
                 s.per_node.remove(&node);
-                waited = s.waiting.remove(&node).unwrap_or_default();
             }
         }
         if let Some(e) = error {
@@ -171,7 +191,16 @@ impl WriteBehind {
             }
             s = self.drained.wait_timeout(s, left).unwrap().0;
         }
-        s.per_node.values().map(|n| *n as usize).sum()
+        s.per_node
+            .values()
+            .map(|w| (w.begun - w.finished) as usize)
+            .sum()
+    }
+
+    /// Errors no caller was given (logged at the client's exit).
+    pub fn unreported(&self) -> Vec<(NodeId, WireErrno)> {
+        let s = self.state.lock().unwrap();
+        s.errors.iter().map(|(n, e)| (*n, *e)).collect()
     }
 
     /// Writes in flight now (for `tether status`).
@@ -181,7 +210,7 @@ impl WriteBehind {
             .unwrap()
             .per_node
             .values()
-            .map(|n| *n as usize)
+            .map(|w| (w.begun - w.finished) as usize)
             .sum()
     }
 }
@@ -227,6 +256,29 @@ mod tests {
         wb.finish(3, 10, Ok(10));
         assert!(ran.load(Ordering::SeqCst));
         assert!(!wb.writing(3));
+    }
+
+    #[test]
+    fn a_waiter_does_not_wait_for_writes_begun_after_it() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let wb = WriteBehind::new(true);
+        assert!(wb.begin(5, 10));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        assert!(wb
+            .after_writes(5, Box::new(move || r.store(true, Ordering::SeqCst)))
+            .is_ok());
+        // A steady writer: the file always has a write in flight.
+        assert!(wb.begin(5, 10));
+        wb.finish(5, 10, Ok(10));
+        assert!(
+            ran.load(Ordering::SeqCst),
+            "the write before it was answered"
+        );
+        assert!(wb.writing(5));
+        wb.finish(5, 10, Ok(10));
+        assert_eq!(wb.in_flight(), 0);
     }
 
     #[test]
