@@ -111,7 +111,7 @@ enum Command {
         #[arg(long)]
         writeback: bool,
         /// Experimental: answer a write() of up to 64 KiB once it is on its way to the
-        /// server instead of when the server has written it (3-5x faster small writes). The
+        /// server instead of when the server has written it (`dd` 2-4.5x faster). The
         /// guest sees it at once, but a host process may see it a moment after write() (or
         /// close()) returned, and an error the server meets reaches the next write() to the
         /// file or fsync() (docs/coherence.md, "Write-behind"). No effect with --writeback.
