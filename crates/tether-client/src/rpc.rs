@@ -10,7 +10,7 @@
 //! that are safe to execute twice. The others fail with EIO (protocol.md §15).
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -294,31 +294,38 @@ fn watchdog(conn: std::sync::Weak<Connection>, timeout: Duration) {
     }
 }
 
-/// [`handshake`], given up after `limit` without an answer (on sockets; pipes wait).
+/// [`handshake`], given up once it has taken `limit` in all (a silent peer, or one that
+/// trickles bytes): the stream is shut down then, which ends whatever read waits.
 fn timed_handshake(
     stream: Stream,
     params: &HandshakeParams,
     limit: Option<Duration>,
 ) -> Result<Session, ConnectError> {
-    let socket = stream.socket.clone().filter(|_| limit.is_some());
-    if let Some(s) = &socket {
-        s.set_read_timeout(limit)?;
+    let Some(limit) = limit else {
+        return handshake(stream, params);
+    };
+    let closer = stream.closer.clone();
+    let expired = Arc::new(AtomicBool::new(false));
+    let (finished, wait) = mpsc::channel::<()>();
+    let timer = {
+        let expired = expired.clone();
+        thread::Builder::new()
+            .name("tether-handshake-limit".into())
+            .spawn(move || {
+                if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                    expired.store(true, Ordering::SeqCst);
+                    closer.close();
+                }
+            })?
+    };
+    let result = handshake(stream, params);
+    drop(finished);
+    let _ = timer.join();
+    // Decided after the timer is done: a stream it shut down is no session.
+    if expired.load(Ordering::SeqCst) {
+        return Err(ConnectError::HandshakeTimedOut(limit));
     }
-    let session = handshake(stream, params).map_err(|e| match (e, limit) {
-        (ConnectError::Io(io), Some(limit))
-            if matches!(
-                io.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            ConnectError::HandshakeTimedOut(limit)
-        }
-        (e, _) => e,
-    })?;
-    if let Some(s) = &socket {
-        s.set_read_timeout(None)?;
-    }
-    Ok(session)
+    result
 }
 
 /// Greets the server on `stream`, authenticating with the secret if it asks.

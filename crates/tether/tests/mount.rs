@@ -266,17 +266,23 @@ fn a_client_that_is_not_tether_is_refused_and_the_server_keeps_serving() {
     assert_eq!(fs::read(t.export.join("still")).unwrap(), b"serving");
 }
 
-/// A listener that accepts and then says nothing (not a tether server, or a stuck one):
-/// the client gives up after its handshake limit with a message, instead of hanging.
+/// A listener that accepts and then never completes a greeting (not a tether server, or a
+/// stuck one): here it trickles a byte of noise every 200 ms, which a per-read timeout would
+/// never catch. The client gives up after its handshake limit, in all, with a message.
 #[test]
 fn a_server_that_never_answers_fails_the_handshake_instead_of_hanging() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("silent.sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let holder = std::thread::spawn(move || {
-        // Keeps the accepted connection open, silent, until the client hangs up.
+        // Until the client hangs up (or a minute has passed, so the test cannot hang).
         let (mut c, _) = listener.accept().unwrap();
-        let _ = c.read_to_end(&mut Vec::new());
+        for _ in 0..300 {
+            if c.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     });
     let started = std::time::Instant::now();
     let out = Command::new(TETHER)
