@@ -1227,7 +1227,8 @@ impl Filesystem for TetherFs {
         // reconnect, before the write is sent again.
         // The server must execute small writes in order (checked per write: a reconnect may
         // reach a server that does not).
-        let early = self.co.fixer().is_none()
+        let early = self.write_behind.on()
+            && self.co.fixer().is_none()
             && fh.0 == 0
             && self
                 .conn

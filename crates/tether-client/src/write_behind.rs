@@ -94,11 +94,17 @@ impl WriteBehind {
 
     /// An error of an earlier early-answered write to `node`, given to this caller (once).
     pub fn take_error(&self, node: NodeId) -> Option<WireErrno> {
+        if !self.granted {
+            return None; // every write and fsync asks: no lock when the option is off
+        }
         self.state.lock().unwrap().errors.remove(&node)
     }
 
     /// Whether writes to `node` answered early are on their way.
     pub fn writing(&self, node: NodeId) -> bool {
+        if !self.granted {
+            return false; // every GETATTR asks
+        }
         let s = self.state.lock().unwrap();
         s.per_node.get(&node).is_some_and(|w| w.begun > w.finished)
     }
