@@ -64,7 +64,7 @@ struct InFlight {
 pub struct WriteBehind {
     /// Asked for (`--write-behind`); the caller checks that the server executes small
     /// WRITEs in order (feature `ORDERED_WRITES`).
-    granted: bool,
+    enabled: bool,
     state: Mutex<InFlight>,
     drained: Condvar,
     pub counters: Counters,
@@ -78,9 +78,9 @@ pub fn may_answer_early(len: usize, open_flags: i32) -> bool {
 }
 
 impl WriteBehind {
-    pub fn new(granted: bool) -> WriteBehind {
+    pub fn new(enabled: bool) -> WriteBehind {
         WriteBehind {
-            granted,
+            enabled,
             state: Mutex::new(InFlight::default()),
             drained: Condvar::new(),
             counters: Counters::default(),
@@ -89,12 +89,12 @@ impl WriteBehind {
 
     /// Whether writes may be answered early on this mount at all.
     pub fn on(&self) -> bool {
-        self.granted
+        self.enabled
     }
 
     /// An error of an earlier early-answered write to `node`, given to this caller (once).
     pub fn take_error(&self, node: NodeId) -> Option<WireErrno> {
-        if !self.granted {
+        if !self.enabled {
             return None; // every write and fsync asks: no lock when the option is off
         }
         self.state.lock().unwrap().errors.remove(&node)
@@ -102,7 +102,7 @@ impl WriteBehind {
 
     /// Whether writes to `node` answered early are on their way.
     pub fn writing(&self, node: NodeId) -> bool {
-        if !self.granted {
+        if !self.enabled {
             return false; // every GETATTR asks
         }
         let s = self.state.lock().unwrap();
@@ -127,7 +127,7 @@ impl WriteBehind {
     /// ([`may_answer_early`] already checked): false when write-behind is off or too much
     /// is in flight already (the caller then waits for the reply).
     pub fn begin(&self, node: NodeId, len: usize) -> bool {
-        if !self.granted {
+        if !self.enabled {
             return false;
         }
         let mut s = self.state.lock().unwrap();

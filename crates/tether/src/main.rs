@@ -283,13 +283,14 @@ fn client_secret(secret_file: Option<PathBuf>) -> Result<Option<Vec<u8>>> {
     secret::load(&path).map(Some)
 }
 
-/// Connects and performs the handshake (authenticating if the server asks).
 /// Longest a first handshake may wait for the server: a listener that is not a tether
 /// server (or a stuck one) fails the command instead of hanging it. Over ssh it covers the
 /// login too, which may ask for a password.
 const HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 const SSH_HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
 
+/// Connects and performs the handshake (authenticating if the server asks), within the
+/// handshake limit for `addr`'s transport.
 fn connect(addr: &Address, mut opts: ConnectOptions) -> Result<Arc<Connection>> {
     let stream =
         tether_transport::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
@@ -482,7 +483,7 @@ fn run(cmd: Command) -> Result<()> {
                         dial: Box::new(move || tether_transport::connect(&dial_addr)),
                         timeout: std::time::Duration::from_secs_f64(timeout),
                     }),
-                    handshake_timeout: None, // set by connect()
+                    handshake_timeout: None, // connect() sets the limit for the address
                 },
             )?;
             let ttl = std::time::Duration::from_secs_f64(attr_timeout);
