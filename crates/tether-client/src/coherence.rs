@@ -30,6 +30,7 @@ use tether_proto::{
 };
 
 use crate::host_events::{Backlog, Replayer};
+use crate::spares::Spares;
 use crate::write_behind::WriteBehind;
 use crate::writeback::AttrFixer;
 
@@ -105,6 +106,8 @@ pub struct Coherence {
     fixer: OnceLock<Arc<AttrFixer>>,
     /// Written-through writes answered before the server's reply (write_behind.rs).
     pub write_behind: OnceLock<Arc<WriteBehind>>,
+    /// Creations answered with spare files before the server named them (spares.rs).
+    pub spares: OnceLock<Arc<Spares>>,
     fuse_dev: OnceLock<OwnedFd>,
     /// Name invalidations waiting for replays, oldest first: applied by the replay thread
     /// once the replays before them are done, or by the invalidation thread when due.
@@ -219,6 +222,7 @@ impl Coherence {
             io_uring: OnceLock::new(),
             fixer: OnceLock::new(),
             write_behind: OnceLock::new(),
+            spares: OnceLock::new(),
             fuse_dev: OnceLock::new(),
             waiting_names: Mutex::new(VecDeque::new()),
             alls_queued: AtomicU64::new(0),
@@ -518,6 +522,22 @@ impl Coherence {
         self.kernel_holds.entry(node).or_default().given = true;
         let _ = self.queue.send(InvalidatePush {
             items: vec![Invalidation::Inode(node)],
+            events: Vec::new(),
+        });
+    }
+
+    /// The kernel was told `name` in `dir` is `node`, and it is not (a creation answered
+    /// early failed on the server): the name and the node are dropped from the kernel as a
+    /// push would drop them, so that the next lookup asks the server.
+    pub fn revoke_name(&self, dir: NodeId, name: Bytes, node: NodeId) {
+        self.distrust(dir);
+        self.revoke(node);
+        self.kernel_holds.entry(dir).or_default().given = true;
+        let _ = self.queue.send(InvalidatePush {
+            items: vec![
+                Invalidation::Entry { parent: dir, name },
+                Invalidation::Inode(dir),
+            ],
             events: Vec::new(),
         });
     }

@@ -31,6 +31,7 @@ use crate::partial_pages::PartialPages;
 use crate::prefetch::Prefetch;
 use crate::restore::{Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
+use crate::spares::{self, PoolKey, Spares};
 use crate::write_behind::{self, WriteBehind};
 use crate::writeback::AttrFixer;
 
@@ -95,6 +96,8 @@ pub struct TetherFs {
     killpriv: bool,
     /// Small written-through writes answered before the server's reply (write_behind.rs).
     write_behind: Arc<WriteBehind>,
+    /// Files made ahead, for creations answered before the server named them (spares.rs).
+    spares: Arc<Spares>,
 }
 
 impl TetherFs {
@@ -111,6 +114,10 @@ impl TetherFs {
             .write_behind
             .get_or_init(|| Arc::new(WriteBehind::new(cache.write_behind)))
             .clone();
+        let spares = co
+            .spares
+            .get_or_init(|| Arc::new(Spares::new(cache.write_behind)))
+            .clone();
         TetherFs {
             conn,
             cache,
@@ -125,6 +132,7 @@ impl TetherFs {
             pages: Arc::default(),
             killpriv: false,
             write_behind,
+            spares,
         }
     }
 
@@ -769,6 +777,162 @@ impl TetherFs {
         });
         reply.written(len as u32);
     }
+
+    /// Create-behind (spares.rs): answers the creation of `name` in `parent` with a spare
+    /// file and sends BIND to name it, or gives `reply` back when it cannot (off, a durable
+    /// or uncached open, no spare at hand, too much in flight).
+    #[allow(clippy::too_many_arguments)]
+    fn create_behind(
+        &self,
+        req: &FuseRequest,
+        parent: NodeId,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) -> Result<(), ReplyCreate> {
+        use tether_proto::handshake::features::SPARE_FILES;
+        let waits = libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT;
+        if !self.spares.on()
+            || flags & waits != 0
+            || !self.co.enabled()
+            || self.co.fixer().is_some()
+            || !self.conn.grants(SPARE_FILES)
+        {
+            return Err(reply);
+        }
+        // A set-group-ID directory's files have its group: its spares are its own, so
+        // its attributes must be known.
+        let Some(dir_attr) = self.known_attrs.get(parent, &self.co) else {
+            return Err(reply);
+        };
+        let set_group_id = dir_attr.mode & libc::S_ISGID != 0;
+        let key = PoolKey::new(parent, set_group_id, req.uid(), req.gid());
+        let session = self.conn.stats.reconnects.load(Ordering::Relaxed);
+        ask_for_spares(&self.conn, &self.spares, key, parent, caller(req));
+        let Some(mut entry) = self.spares.take(key, session) else {
+            return Err(reply);
+        };
+        let node = entry.node;
+        if !self.write_behind.begin_creation(node) {
+            let forget = Request::Forget {
+                nodes: vec![(node, 1)],
+            };
+            self.conn.send_oneway(caller(req), &forget);
+            return Err(reply);
+        }
+        // What the kernel is told: the file BIND will make, its times the guest's clock's
+        // (BIND sets the host's atime and mtime to them; its ctime is the host's moment).
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let time = Timespec {
+            sec: now.as_secs() as i64,
+            nsec: now.subsec_nanos(),
+        };
+        let a = &mut entry.attr;
+        a.mode = libc::S_IFREG | (mode & 0o7777 & !umask);
+        (a.size, a.blocks, a.nlink) = (0, 0, 1);
+        (a.atime, a.mtime, a.ctime) = (time, time, time);
+        entry.flags = tether_proto::entry_flags::NEW_FILE;
+        if self.co.watches(parent) {
+            entry.flags |= tether_proto::entry_flags::WATCHED;
+        }
+        let created = name(n);
+        let msg = Request::Bind {
+            parent,
+            name: created.clone(),
+            node,
+            mode,
+            umask,
+            time,
+        };
+        let sent = self.co.now();
+        let (co, known_attrs, wb) = (
+            self.co.clone(),
+            self.known_attrs.clone(),
+            self.write_behind.clone(),
+        );
+        let (dir_touch, file_touch) = (known_attrs.asking(parent), known_attrs.asking(node));
+        let (spares, failed_name) = (self.spares.clone(), created.clone());
+        // Sent before the kernel hears of the file: whatever it asks next goes after.
+        self.send(req, &msg, move |res: ReplyResult| {
+            let outcome = match res {
+                Ok(Reply::Create {
+                    entry: made, dir, ..
+                }) => {
+                    known_attrs.learn(parent, dir_touch, dir.as_deref(), sent, &co);
+                    known_attrs.learn(node, file_touch, Some(&made.attr), sent, &co);
+                    Ok(0)
+                }
+                Ok(_) => Err(WireErrno::EIO),
+                Err(e) => Err(e),
+            };
+            if wb.finish(node, 0, outcome) {
+                spares.counters.failed_later.fetch_add(1, Ordering::Relaxed);
+                co.revoke_name(parent, failed_name, node);
+            }
+        });
+        self.known.given(parent, &created, node, || {
+            self.co.entry_given(&entry);
+            self.co.created(&entry, sent);
+            true
+        });
+        self.co.name_made(parent, &created);
+        let ttl = ttl_for(&self.co, self.cache.entry_ttl, node, Some(parent), sent);
+        reply.created(
+            &ttl,
+            &file_attr(&entry.attr),
+            Generation(entry.generation),
+            FileHandle(0),
+            FopenFlags::FOPEN_KEEP_CACHE,
+        );
+        self.spares
+            .counters
+            .answered_early
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Asks the server for spare files for `key`, made in `dir` as `who`, if its pool runs low
+/// (spares.rs), and FORGETs the spares of a pool pushed out for it.
+fn ask_for_spares(
+    conn: &Arc<Connection>,
+    spares: &Arc<Spares>,
+    key: PoolKey,
+    dir: NodeId,
+    who: Caller,
+) {
+    let session = conn.stats.reconnects.load(Ordering::Relaxed);
+    let Some(evicted) = spares.should_ask(key, session) else {
+        return;
+    };
+    forget_spares(conn, who, evicted);
+    let msg = Request::Spares {
+        parent: dir,
+        count: spares::ASK,
+    };
+    let (conn2, spares) = (conn.clone(), spares.clone());
+    let done = move |res: ReplyResult| {
+        let outcome = match res {
+            Ok(Reply::Spares(files)) => Ok(files),
+            Ok(_) => Err(WireErrno::EIO),
+            Err(e) => Err(e),
+        };
+        let current = conn2.stats.reconnects.load(Ordering::Relaxed);
+        let unused = spares.filled(key, (session, current), outcome);
+        forget_spares(&conn2, who, unused);
+    };
+    conn.defer(who, msg, Some(Box::new(done)));
+}
+
+fn forget_spares(conn: &Arc<Connection>, who: Caller, nodes: Vec<NodeId>) {
+    if !nodes.is_empty() {
+        let nodes = nodes.into_iter().map(|n| (n, 1)).collect();
+        conn.defer(who, Request::Forget { nodes }, None);
+    }
 }
 
 impl Filesystem for TetherFs {
@@ -1305,17 +1469,15 @@ impl Filesystem for TetherFs {
             datasync,
         };
         // The replies to earlier writes come first on the stream: an error of one answered
-        // early is known by the time this one is answered.
+        // early is known by the time this one is answered, and it is the one to report
+        // (a file whose creation failed then fails the fsync itself, with ESTALE).
         let wb = self.write_behind.clone();
-        self.call(req, msg, reply, move |reply, r| match r {
-            Reply::Empty => {
-                match wb.take_error(ino.0) {
-                    Some(e) => reply.error(errno(e)),
-                    None => reply.ok(),
-                }
-                Ok(())
+        self.send(req, &msg, move |res: ReplyResult| {
+            match (wb.take_error(ino.0), res) {
+                (Some(e), _) | (None, Err(e)) => reply.error(errno(e)),
+                (None, Ok(Reply::Empty)) => reply.ok(),
+                (None, Ok(_)) => reply.error(Errno::EIO),
             }
-            _ => Err(reply),
         });
     }
 
@@ -1604,6 +1766,9 @@ impl Filesystem for TetherFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let Err(reply) = self.create_behind(req, parent.0, n, mode, umask, flags, reply) else {
+            return;
+        };
         let msg = Request::Create {
             parent: parent.0,
             name: name(n),

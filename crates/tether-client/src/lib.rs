@@ -12,6 +12,7 @@ pub mod partial_pages;
 pub mod prefetch;
 pub mod restore;
 pub mod rpc;
+pub mod spares;
 pub mod status;
 mod sys;
 pub mod write_behind;

@@ -439,7 +439,10 @@ impl Connection {
                     (None, _) => 0,
                     (Some(_), events) => {
                         let events = if events { features::HOST_EVENTS } else { 0 };
-                        features::PUSH_INVALIDATE | features::CREATE_NO_HANDLE | events
+                        features::PUSH_INVALIDATE
+                            | features::CREATE_NO_HANDLE
+                            | features::SPARE_FILES
+                            | events
                     }
                 },
             secret: opts.secret,

@@ -122,10 +122,11 @@ fn answer(
         }
         Some(wb) if wb.on() => format!(
             "on: {} writes answered before the server had them, {} of them failed there, {} \
-             in flight",
+             in flight; {}",
             wb.counters.answered_early.load(Ordering::Relaxed),
             wb.counters.failed_later.load(Ordering::Relaxed),
             wb.in_flight(),
+            create_behind(co, conn),
         ),
         _ if co.fixer().is_some() => "off (the writeback cache)".into(),
         _ => "off (every write() waits for the server; `mount --write-behind` to change)".into(),
@@ -187,4 +188,22 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     Ok(out)
+}
+
+/// The create-behind part of the write-behind line (spares.rs).
+fn create_behind(co: &Coherence, conn: &Connection) -> String {
+    if !conn.grants(tether_proto::handshake::features::SPARE_FILES) {
+        return "file creations wait for the server (it makes no spare files)".into();
+    }
+    match co.spares.get() {
+        Some(s) => format!(
+            "{} file creations answered with spare files, {} of those failed there, {} spares \
+             made, {} at hand",
+            s.counters.answered_early.load(Ordering::Relaxed),
+            s.counters.failed_later.load(Ordering::Relaxed),
+            s.counters.made.load(Ordering::Relaxed),
+            s.held(),
+        ),
+        None => "no file creation answered early yet".into(),
+    }
 }

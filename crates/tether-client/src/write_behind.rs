@@ -54,6 +54,8 @@ struct NodeWrites {
 #[derive(Default)]
 struct InFlight {
     bytes: u64,
+    /// Writes and creations answered early and not answered by the server yet.
+    ops: u64,
     /// Files with writes in flight or waiters.
     per_node: HashMap<NodeId, NodeWrites>,
     /// The first error of a file's early-answered write, not yet given to a caller.
@@ -127,6 +129,21 @@ impl WriteBehind {
     /// ([`may_answer_early`] already checked): false when write-behind is off or too much
     /// is in flight already (the caller then waits for the reply).
     pub fn begin(&self, node: NodeId, len: usize) -> bool {
+        let begun = self.track(node, len);
+        if begun {
+            self.counters.answered_early.fetch_add(1, Ordering::Relaxed);
+        }
+        begun
+    }
+
+    /// Counts the creation of `node` (spares.rs), answered before the server made it, as in
+    /// flight like a write: later writes' errors and waiters queue behind it, and the
+    /// client's exit waits for it. False when write-behind is off or too much is in flight.
+    pub fn begin_creation(&self, node: NodeId) -> bool {
+        self.track(node, 0)
+    }
+
+    fn track(&self, node: NodeId, len: usize) -> bool {
         if !self.enabled {
             return false;
         }
@@ -135,13 +152,14 @@ impl WriteBehind {
             return false;
         }
         s.bytes += len as u64;
+        s.ops += 1;
         s.per_node.entry(node).or_default().begun += 1;
-        self.counters.answered_early.fetch_add(1, Ordering::Relaxed);
         true
     }
 
-    /// The server answered a write counted by [`WriteBehind::begin`]. Returns true when it
-    /// failed (the caller drops the kernel's copy of the file).
+    /// The server answered a write (or creation, `len` 0) counted by [`WriteBehind::begin`]
+    /// (or [`WriteBehind::begin_creation`]). Returns true when it failed (the caller drops
+    /// the kernel's copy of the file).
     pub fn finish(&self, node: NodeId, len: usize, outcome: Result<u64, WireErrno>) -> bool {
         let error = match outcome {
             Ok(n) if n >= len as u64 => None,
@@ -151,6 +169,7 @@ impl WriteBehind {
         };
         let mut s = self.state.lock().unwrap();
         s.bytes -= len as u64;
+        s.ops -= 1;
         let mut waited = Vec::new();
         if let Some(w) = s.per_node.get_mut(&node) {
             // Replies come in the order the writes went out: the answered ones are a prefix.
@@ -169,13 +188,18 @@ impl WriteBehind {
         if let Some(e) = error {
             s.errors.entry(node).or_insert(e);
             self.counters.failed_later.fetch_add(1, Ordering::Relaxed);
+            let what = if len == 0 {
+                "a file creation"
+            } else {
+                "a write"
+            };
             tracing::warn!(
                 node,
-                "a write answered before the server had it failed there: {e:?}; the next \
+                "{what} answered before the server had it failed there: {e:?}; the next \
                  write to the file or fsync() gets the error, and the guest's copy is dropped"
             );
         }
-        if s.bytes == 0 {
+        if s.ops == 0 {
             self.drained.notify_all();
         }
         drop(s);
@@ -190,7 +214,7 @@ impl WriteBehind {
     pub fn drain(&self, limit: Duration) -> usize {
         let deadline = Instant::now() + limit;
         let mut s = self.state.lock().unwrap();
-        while s.bytes > 0 {
+        while s.ops > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;

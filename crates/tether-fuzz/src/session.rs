@@ -314,7 +314,12 @@ fn remap(req: &mut Request, known: &[NodeId]) {
         | Mkdir { parent, .. }
         | Symlink { parent, .. }
         | Create { parent, .. }
-        | Reclaim { parent, .. } => m(parent),
+        | Reclaim { parent, .. }
+        | Spares { parent, .. } => m(parent),
+        Bind { parent, node, .. } => {
+            m(parent);
+            m(node);
+        }
         Rename {
             parent, new_parent, ..
         } => {

@@ -47,6 +47,10 @@ pub mod features {
     /// it reads the next request, so a request sent after such a WRITE sees its effect: the
     /// client may answer the kernel's write before the server's reply (write-behind).
     pub const ORDERED_WRITES: u64 = 1 << 7;
+    /// The server makes unnamed files ahead (SPARES) and names them (BIND), executing each
+    /// BIND before it reads the next request, so the client may answer a creation with a
+    /// spare before the server has named it (create-behind, with `ORDERED_WRITES`).
+    pub const SPARE_FILES: u64 = 1 << 8;
 }
 
 /// The most data a WRITE the server executes in order may carry (feature `ORDERED_WRITES`).

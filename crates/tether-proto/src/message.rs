@@ -65,6 +65,11 @@ pub enum Op {
     Getlk = 46,
     /// Drop every lock one owner holds on a node (the owner's file was closed).
     LockRelease = 47,
+    /// Unnamed files made ahead in a directory, for creations answered before the server
+    /// has made them (feature `SPARE_FILES`, protocol.md §17).
+    Spares = 48,
+    /// Gives a spare file its name: the creation the client already answered.
+    Bind = 49,
 }
 
 impl Op {
@@ -111,6 +116,8 @@ impl Op {
             45 => Setlk,
             46 => Getlk,
             47 => LockRelease,
+            48 => Spares,
+            49 => Bind,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -134,6 +141,8 @@ impl Op {
                 | Create
                 | Fallocate
                 | CopyFileRange
+                | Spares
+                | Bind
         )
     }
 }
@@ -511,6 +520,23 @@ pub enum Request {
         owner: u64,
         generation: u64,
     },
+    /// Makes up to `count` unnamed files in directory `parent`, owned as a file the caller
+    /// created there would be; each is a node the client holds once (FORGET drops one never
+    /// bound).
+    Spares {
+        parent: NodeId,
+        count: u32,
+    },
+    /// Links spare file `node` into `parent` as `name` (failing with EEXIST if the name is
+    /// taken), with permissions `mode & !umask` and access and modification times `time`.
+    Bind {
+        parent: NodeId,
+        name: Bytes,
+        node: NodeId,
+        mode: u32,
+        umask: u32,
+        time: Timespec,
+    },
 }
 
 /// A successful reply. Which variant an op gets is fixed (see [`Request::op`] and the table
@@ -571,6 +597,8 @@ pub enum Reply {
         end: u64,
         pid: u32,
     },
+    /// spares: the files made, fewer than asked when the server ran short.
+    Spares(Vec<Entry>),
 }
 
 impl LockSpec {
@@ -732,6 +760,9 @@ impl Request {
             | Rename { .. }
             | Link { .. }
             | Create { .. }
+            // Spare files go with their session.
+            | Spares { .. }
+            | Bind { .. }
             | Removexattr { .. }
             | Release { .. }
             | Releasedir { .. }
@@ -787,6 +818,8 @@ impl Request {
             Setlk { .. } => Op::Setlk,
             Getlk { .. } => Op::Getlk,
             LockRelease { .. } => Op::LockRelease,
+            Spares { .. } => Op::Spares,
+            Bind { .. } => Op::Bind,
         }
     }
 
@@ -1023,6 +1056,20 @@ impl Request {
             } => {
                 e.u64(*node).u64(*owner).u64(*generation);
             }
+            Spares { parent, count } => {
+                e.u64(*parent).u32(*count);
+            }
+            Bind {
+                parent,
+                name,
+                node,
+                mode,
+                umask,
+                time,
+            } => {
+                e.u64(*parent).name(name).u64(*node).u32(*mode).u32(*umask);
+                time.encode(e);
+            }
         }
     }
 
@@ -1238,6 +1285,18 @@ impl Request {
                 owner: d.u64()?,
                 generation: d.u64()?,
             },
+            Op::Spares => Spares {
+                parent: d.u64()?,
+                count: d.u32()?,
+            },
+            Op::Bind => Bind {
+                parent: d.u64()?,
+                name: d.name()?,
+                node: d.u64()?,
+                mode: d.u32()?,
+                umask: d.u32()?,
+                time: Timespec::decode(&mut d)?,
+            },
         };
         d.finish()?;
         Ok((caller, r))
@@ -1379,6 +1438,12 @@ impl Reply {
             } => {
                 e.u8(*typ).u64(*start).u64(*end).u32(*pid);
             }
+            Reply::Spares(entries) => {
+                e.u32(entries.len() as u32);
+                for entry in entries {
+                    entry.encode(e);
+                }
+            }
         }
     }
 
@@ -1462,7 +1527,8 @@ impl Reply {
                 let end = d.marker();
                 Reply::Dir { entries: v, end }
             }
-            Op::Create => Reply::Create {
+            // BIND finishes a creation: it is answered as one.
+            Op::Create | Op::Bind => Reply::Create {
                 entry: Entry::decode(&mut d)?,
                 fh: d.u64()?,
                 flags: d.u32()?,
@@ -1473,6 +1539,14 @@ impl Reply {
                 },
             },
             Op::Lseek => Reply::Lseek { offset: d.u64()? },
+            Op::Spares => {
+                let n = d.u32()? as usize;
+                let mut v = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    v.push(Entry::decode(&mut d)?);
+                }
+                Reply::Spares(v)
+            }
             Op::Getlk => Reply::Lock {
                 typ: LockSpec::decode_type(&mut d)?,
                 start: d.u64()?,

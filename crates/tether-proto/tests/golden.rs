@@ -102,7 +102,7 @@ fn entry_bytes() -> Vec<u8> {
 }
 
 /// Every operation with its code, little-endian as in the frame header.
-const OPS: [(Op, [u8; 2]); 40] = [
+const OPS: [(Op, [u8; 2]); 42] = [
     (Op::Hello, [1, 0]),
     (Op::Auth, [2, 0]),
     (Op::Lookup, [10, 0]),
@@ -143,6 +143,8 @@ const OPS: [(Op, [u8; 2]); 40] = [
     (Op::Setlk, [45, 0]),
     (Op::Getlk, [46, 0]),
     (Op::LockRelease, [47, 0]),
+    (Op::Spares, [48, 0]),
+    (Op::Bind, [49, 0]),
 ];
 
 /// Compares two frames, showing both in hex and the first differing offset on failure.
@@ -1221,6 +1223,59 @@ fn request_cases() -> Vec<ReqCase> {
             ]
             .concat(),
         },
+        ReqCase {
+            name: "spares",
+            id: 42,
+            caller: CALLER,
+            req: Request::Spares {
+                parent: N,
+                count: 16,
+            },
+            expected: [
+                &[0x24, 0, 0, 0][..],            // len: 36
+                &[1],                            // kind: request
+                &[0],                            // flags
+                &[48, 0],                        // op: 48 spares
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],    // id 42
+                &CALLER_BYTES,                   // caller
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // parent 0x1234
+                &[16, 0, 0, 0],                  // count 16
+            ]
+            .concat(),
+        },
+        ReqCase {
+            name: "bind",
+            id: 42,
+            caller: CALLER,
+            req: Request::Bind {
+                parent: ROOT_NODE,
+                name: b(b"new"),
+                node: N,
+                mode: 0o100644,
+                umask: 0o022,
+                time: Timespec {
+                    sec: 1_700_000_000,
+                    nsec: 5,
+                },
+            },
+            expected: [
+                &[0x41, 0, 0, 0][..],                  // len: 65
+                &[1],                                  // kind: request
+                &[0],                                  // flags
+                &[49, 0],                              // op: 49 bind
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0],          // id 42
+                &CALLER_BYTES,                         // caller
+                &[1, 0, 0, 0, 0, 0, 0, 0],             // parent: ROOT_NODE
+                &[3, 0],                               // name length 3
+                b"new",                                // name
+                &[0x34, 0x12, 0, 0, 0, 0, 0, 0],       // node 0x1234: the spare
+                &[0xa4, 0x81, 0, 0],                   // mode 0o100644
+                &[0x12, 0, 0, 0],                      // umask 0o022
+                &[0x00, 0xf1, 0x53, 0x65, 0, 0, 0, 0], // time: 1,700,000,000 s
+                &[5, 0, 0, 0],                         //   and 5 ns
+            ]
+            .concat(),
+        },
     ]
 }
 
@@ -1677,6 +1732,48 @@ fn reply_cases() -> Vec<ReplyCase> {
             .concat(),
         },
         ReplyCase {
+            name: "bind (answered as a creation)".into(),
+            op: Op::Bind,
+            id: 42,
+            result: Ok(Reply::Create {
+                entry: entry(),
+                fh: 0,
+                flags: 0,
+                dir: Some(Box::new(attr())),
+            }),
+            expected: [
+                &[0xf0, 0, 0, 0][..],         // len: 240
+                &[2],                         // kind: reply
+                &[0],                         // flags
+                &[49, 0],                     // op: 49 bind
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+                &[0, 0, 0, 0],                // status: ok
+                &entry_bytes(),               // entry (116 bytes)
+                &[0, 0, 0, 0, 0, 0, 0, 0],    // fh 0
+                &[0, 0, 0, 0],                // open flags: none
+                &ATTR_BYTES,                  // the directory's attributes (96 bytes)
+            ]
+            .concat(),
+        },
+        ReplyCase {
+            name: "spares".into(),
+            op: Op::Spares,
+            id: 42,
+            result: Ok(Reply::Spares(vec![entry(), entry()])),
+            expected: [
+                &[0xfc, 0, 0, 0][..],         // len: 252
+                &[2],                         // kind: reply
+                &[0],                         // flags
+                &[48, 0],                     // op: 48 spares
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+                &[0, 0, 0, 0],                // status: ok
+                &[2, 0, 0, 0],                // 2 spare files
+                &entry_bytes(),               // the first (116 bytes)
+                &entry_bytes(),               // the second
+            ]
+            .concat(),
+        },
+        ReplyCase {
             name: "lseek".into(),
             op: Op::Lseek,
             id: 42,
@@ -2107,6 +2204,7 @@ fn wire_constants() {
     assert_eq!(features::WRITE_ATTR, 32);
     assert_eq!(features::DIR_END, 64);
     assert_eq!(features::ORDERED_WRITES, 128);
+    assert_eq!(features::SPARE_FILES, 256);
     assert_eq!(handshake::ORDERED_WRITE_MAX, 65536);
     // The server tells an ordered WRITE by its body length alone.
     let data = Bytes::from(vec![0u8; handshake::ORDERED_WRITE_MAX]);
@@ -2151,6 +2249,8 @@ fn wire_constants() {
         Op::Create,
         Op::Fallocate,
         Op::CopyFileRange,
+        Op::Spares,
+        Op::Bind,
     ];
     for (op, _) in OPS {
         assert_eq!(op.mutates(), mutating.contains(&op), "{op:?}");
@@ -2370,7 +2470,7 @@ fn trailing_bytes_are_refused() {
 #[test]
 fn unknown_ops_are_refused() {
     let body = Bytes::copy_from_slice(&CALLER_BYTES);
-    for op in [0u16, 3, 9, 48, 100, 0x8000, u16::MAX] {
+    for op in [0u16, 3, 9, 50, 100, 0x8000, u16::MAX] {
         assert_eq!(Op::from_u16(op), Err(DecodeError::UnknownOp(op)));
         assert_eq!(
             Request::decode(op, body.clone()),

@@ -147,6 +147,10 @@ pub fn run_session(
         // watching session makes.
         granted |= hello.features
             & (features::CREATE_NO_HANDLE | features::DIR_ATTR | features::WRITE_ATTR);
+        // Spare files serve only creations answered early, which need pushed invalidation
+        // (the client must know the name is free); `worker` executes BIND while it holds
+        // the reader.
+        granted |= hello.features & features::SPARE_FILES;
     }
     fs.dir_attr = granted & features::DIR_ATTR != 0;
     fs.write_attr = granted & features::WRITE_ATTR != 0;
@@ -328,6 +332,9 @@ fn is_quick(h: &FrameHeader) -> bool {
         Ok(Op::Getxattr | Op::Listxattr | Op::Readlink | Op::LockRelease) => true,
         Ok(Op::Forget) => h.body_len <= FEW_FORGETS,
         Ok(Op::Write) => h.body_len <= WRITE_BODY_FIXED + ORDERED_WRITE_MAX,
+        // A promise too (feature `SPARE_FILES`): the file the client already gave the
+        // kernel has its name before anything later is read.
+        Ok(Op::Bind) => true,
         _ => false,
     }
 }

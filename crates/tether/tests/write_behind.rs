@@ -248,3 +248,174 @@ fn by_default_no_write_is_answered_early() {
         "{status}"
     );
 }
+
+/// Creations answered with spare files (crates/tether-client/src/spares.rs): the host gets
+/// each file under its name, with the content, permissions, owner, group, inode number and
+/// modification time the guest was told; in a set-group-ID directory the directory's group.
+#[test]
+fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_them() {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    require_mount!();
+    if skipped_with_the_writeback_cache() {
+        return;
+    }
+    // Host ids as they are, so that the guest's owner and group can be compared.
+    let t = TestMount::start_with(&["--map-ids", "passthrough"], &["--write-behind"]);
+    let plain = t.mnt.join("plain");
+    let shared = t.mnt.join("shared");
+    fs::create_dir(&plain).unwrap();
+    fs::create_dir(&shared).unwrap();
+    // A set-group-ID directory of another group (root may give it any).
+    let setgid = unsafe { libc::geteuid() } == 0;
+    if setgid {
+        std::os::unix::fs::chown(t.export.join("shared"), None, Some(4242)).unwrap();
+        fs::set_permissions(t.export.join("shared"), fs::Permissions::from_mode(0o2777)).unwrap();
+        common::wait_until("the guest sees the change", Duration::from_secs(5), || {
+            let m = fs::metadata(&shared).unwrap();
+            m.gid() == 4242 && m.mode() & 0o7777 == 0o2777
+        });
+    }
+    let mut made = Vec::new();
+    for i in 0..300u32 {
+        let dir = if i % 3 == 0 { &shared } else { &plain };
+        let path = dir.join(format!("f{i}"));
+        let mode = if i % 2 == 0 { 0o640 } else { 0o755 };
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .unwrap();
+        // Every fifth stays empty (touch, lock files).
+        if i % 5 != 0 {
+            f.write_all_at(format!("content {i}\n").as_bytes(), 0)
+                .unwrap();
+        }
+        drop(f);
+        // The server names the file before it reads the listing asked for next.
+        if i % 10 == 9 {
+            let listed = fs::read_dir(dir)
+                .unwrap()
+                .any(|e| e.unwrap().path() == path);
+            assert!(
+                listed,
+                "{} is missing from a listing right after",
+                path.display()
+            );
+        }
+        made.push((path, mode, i % 5 != 0));
+    }
+    let early = write_behind_count(&t.mnt, "file creations answered");
+    assert!(
+        early >= 200,
+        "only {early} of 300 creations were answered with spare files:\n{}",
+        common::status(&t.mnt)
+    );
+    for (path, mode, written) in &made {
+        let host = t.export.join(path.strip_prefix(&t.mnt).unwrap());
+        common::wait_until("the host has the file", Duration::from_secs(10), || {
+            host.exists()
+        });
+        let (g, h) = (fs::metadata(path).unwrap(), fs::metadata(&host).unwrap());
+        let name = path.display();
+        assert_eq!(g.ino(), h.ino(), "{name}: inode number");
+        // The umask takes bits away, never the owner's here.
+        assert_eq!(g.mode() & 0o700, mode & 0o700, "{name}: guest mode");
+        assert_eq!(g.mode() & 0o7777 & !mode, 0, "{name}: guest mode");
+        assert_eq!(h.mode() & 0o7777, g.mode() & 0o7777, "{name}: host mode");
+        assert_eq!(g.uid(), h.uid(), "{name}: owner");
+        assert_eq!(g.gid(), h.gid(), "{name}: group");
+        if setgid && path.starts_with(&shared) {
+            assert_eq!(h.gid(), 4242, "{name}: the set-group-ID directory's group");
+        }
+        assert_eq!(h.nlink(), 1, "{name}: links");
+        if *written {
+            assert_eq!(fs::read(&host).unwrap(), fs::read(path).unwrap(), "{name}");
+        } else {
+            assert_eq!(h.len(), 0, "{name}");
+            // Nothing refreshed the guest's attributes: the time it was told is the host's.
+            assert_eq!(
+                (g.mtime(), g.mtime_nsec()),
+                (h.mtime(), h.mtime_nsec()),
+                "{name}: modification time"
+            );
+        }
+    }
+    assert_eq!(write_behind_count(&t.mnt, "of those failed there"), 0);
+    // Listings agree.
+    for dir in ["plain", "shared"] {
+        let names = |d: &Path| {
+            let mut v: Vec<_> = fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&t.mnt.join(dir)), names(&t.export.join(dir)));
+    }
+}
+
+/// A name the host takes while the server is stopped, created in the guest meanwhile: the
+/// creation is answered with a spare (the guest's kernel could not know), BIND then fails,
+/// fsync() reports EEXIST, and the guest sees the host's file, not its own.
+#[test]
+fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_file() {
+    require_mount!();
+    if skipped_with_the_writeback_cache() {
+        return;
+    }
+    let t = TestMount::start_with(&[], &["--write-behind"]);
+    let dir = t.mnt.join("d");
+    fs::create_dir(&dir).unwrap();
+    // Warm up: the first creations ask for spares; wait until they came and the last
+    // creation's BIND is answered.
+    for i in 0..4 {
+        fs::write(dir.join(format!("warm{i}")), b"w").unwrap();
+    }
+    common::wait_until("spares at hand", Duration::from_secs(5), || {
+        write_behind_count(&t.mnt, "at hand") >= 4 && write_behind_count(&t.mnt, "in flight") == 0
+    });
+    // The guest's kernel asks for the directory's attributes before its next creation:
+    // have it do so now, while the server still answers.
+    let _ = fs::metadata(dir.join("x"));
+    let server = t.server.child.id() as i32;
+    // SAFETY: signalling our own child; it is continued below, or by Resume's Drop.
+    unsafe { libc::kill(server, libc::SIGSTOP) };
+    let resume = Resume(server);
+    fs::write(t.export.join("d/y"), b"the host's\n").unwrap();
+    let before = write_behind_count(&t.mnt, "file creations answered");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.join("y");
+    let writer = std::thread::spawn(move || {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"the guest's\n").unwrap();
+        tx.send(()).unwrap();
+        f
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the creation waited for the stopped server");
+    assert_eq!(
+        write_behind_count(&t.mnt, "file creations answered"),
+        before + 1
+    );
+    drop(resume);
+    let f = writer.join().unwrap();
+    let err = f
+        .sync_all()
+        .expect_err("fsync after a refused creation succeeded");
+    assert_eq!(err.raw_os_error(), Some(libc::EEXIST), "{err}");
+    drop(f);
+    assert_eq!(write_behind_count(&t.mnt, "of those failed there"), 1);
+    assert_eq!(fs::read(t.export.join("d/y")).unwrap(), b"the host's\n");
+    common::wait_until(
+        "the guest sees the host's file",
+        Duration::from_secs(5),
+        || fs::read(dir.join("y")).ok().as_deref() == Some(b"the host's\n"),
+    );
+}

@@ -81,7 +81,7 @@ impl Node {
 
     /// Whether `st` (with birth time `birth`) is this node's file, not a later one that got
     /// the same inode number.
-    fn same_file(&self, st: &libc::stat, birth: Option<(i64, u32)>) -> bool {
+    pub fn same_file(&self, st: &libc::stat, birth: Option<(i64, u32)>) -> bool {
         st.st_dev == self.dev
             && st.st_ino == self.ino
             && st.st_mode & libc::S_IFMT == self.kind
@@ -301,21 +301,7 @@ impl NodeTable {
         let node = {
             let mut slot = self.nodes.entry(id).or_insert_with(|| {
                 new = true;
-                Arc::new(Node {
-                    id,
-                    generation: generation_of(birth),
-                    dev: st.st_dev,
-                    ino: st.st_ino,
-                    kind: st.st_mode & libc::S_IFMT,
-                    birth,
-                    fd: RwLock::new(None),
-                    location: Mutex::new(None),
-                    lookups: AtomicU64::new(0),
-                    budget: self.budget.clone(),
-                    synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
-                    watched: AtomicBool::new(false),
-                    pinned: AtomicBool::new(false),
-                })
+                Arc::new(self.new_node(id, st, birth))
             });
             let node = slot.value_mut();
             node.lookups.fetch_add(1, Ordering::Relaxed);
@@ -338,6 +324,39 @@ impl NodeTable {
             self.budget.opened(&node);
         }
         (node, new)
+    }
+
+    /// Records a file that has no name yet (a spare file, made with O_TMPFILE) as a node the
+    /// client holds once. It has no descriptor here and no location, so every request for
+    /// it fails with ESTALE until it is found by a name ([`NodeTable::remember`]).
+    pub fn remember_unnamed(&self, (st, birth): (&libc::stat, Option<(i64, u32)>)) -> Arc<Node> {
+        let mut id = self.id_for(st.st_dev, st.st_ino);
+        if self.nodes.contains_key(&id) {
+            // A held node of a file gone since, whose number this new one got.
+            id = self.reassign(st.st_dev, st.st_ino, id);
+        }
+        let node = Arc::new(self.new_node(id, st, birth));
+        node.lookups.store(1, Ordering::Relaxed);
+        self.nodes.insert(id, node.clone());
+        node
+    }
+
+    fn new_node(&self, id: NodeId, st: &libc::stat, birth: Option<(i64, u32)>) -> Node {
+        Node {
+            id,
+            generation: generation_of(birth),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            kind: st.st_mode & libc::S_IFMT,
+            birth,
+            fd: RwLock::new(None),
+            location: Mutex::new(None),
+            lookups: AtomicU64::new(0),
+            budget: self.budget.clone(),
+            synced_ctime: Mutex::new((st.st_ctime, st.st_ctime_nsec)),
+            watched: AtomicBool::new(false),
+            pinned: AtomicBool::new(false),
+        }
     }
 
     /// Gives (dev, ino), whose id `old` now belongs to an older file the client still holds,

@@ -58,6 +58,9 @@ pub struct ExportFs {
     readahead: ReadAhead,
     /// Descriptors kept for writes by node (writers.rs).
     writers: Arc<Writers>,
+    /// Spare files not named yet (SPARES, BIND): the only descriptor of each, whose closing
+    /// frees the file.
+    spares: DashMap<NodeId, Arc<OwnedFd>>,
 }
 
 impl Drop for ExportFs {
@@ -85,6 +88,9 @@ impl WriteFd {
 }
 
 /// Checks a single path component from the guest.
+/// Most spare files (SPARES) a session holds unnamed at once: each is a descriptor.
+const MAX_SPARES: usize = 256;
+
 fn component(name: &[u8]) -> SysResult<CString> {
     if !tether_proto::is_component(name) {
         return Err(WireErrno::EINVAL);
@@ -166,6 +172,7 @@ impl ExportFs {
             locks: LockTable::default(),
             readahead: ReadAhead::default(),
             writers: Arc::default(),
+            spares: DashMap::new(),
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -478,6 +485,136 @@ impl ExportFs {
         r
     }
 
+    /// SPARES: up to `count` unnamed files in `parent`, made as the caller would make a file
+    /// there (owner, group), each held once by the client. Fewer when the session holds
+    /// [`MAX_SPARES`] already; an error only when none could be made (a file system without
+    /// O_TMPFILE answers EOPNOTSUPP).
+    fn make_spares(&self, caller: Caller, parent: NodeId, count: u32) -> SysResult<Reply> {
+        let pfd = self.dir_fd(parent)?;
+        let room = MAX_SPARES.saturating_sub(self.spares.len());
+        let mut made = Vec::new();
+        for _ in 0..(count as usize).min(room) {
+            let file = self.as_caller(caller, || {
+                // No permission bits until BIND sets the asked ones; not O_EXCL, so that
+                // it can be linked.
+                let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+                sys::openat(pfd.as_fd(), c".", flags, 0)
+            });
+            let file = match file {
+                Ok(f) => f,
+                Err(e) if made.is_empty() => return Err(e),
+                Err(_) => break,
+            };
+            let (st, birth) = sys::fstat_born(file.as_fd())?;
+            let node = self.nodes.remember_unnamed((&st, birth));
+            self.spares.insert(node.id, Arc::new(file));
+            made.push(Entry {
+                node: node.id,
+                generation: node.generation,
+                flags: 0,
+                attr: self.attr_of(&st, node.id),
+            });
+        }
+        Ok(Reply::Spares(made))
+    }
+
+    /// BIND: links spare `node` into `parent` as `name` (EEXIST if the name is taken), then
+    /// gives it permissions `perm`, access and modification times `time`, and the group a
+    /// file made there would have (a spare may come from another directory of the file
+    /// system, one without set-group-ID), through the new name (an event through the
+    /// unnamed file would name it "#INO" in the watched directory). Answered as a creation;
+    /// the lookup the client holds on the node is the one SPARES counted.
+    fn bind_spare(
+        &self,
+        caller: Caller,
+        parent: NodeId,
+        name: &[u8],
+        node: NodeId,
+        perm: u32,
+        time: tether_proto::Timespec,
+    ) -> SysResult<Reply> {
+        let name = component(name)?;
+        let spare = self.spares.get(&node).map(|f| f.clone());
+        let (Some(file), Ok(n)) = (spare, self.nodes.get(node)) else {
+            return Err(WireErrno::ESTALE);
+        };
+        let pfd = self.dir_fd(parent)?;
+        let expect = [(parent, name.as_bytes(), NameChange::Created)];
+        self.own_names(&expect, &[Some((n.clone(), file.clone()))], || {
+            self.as_caller(caller, || {
+                sys::linkat(file.as_fd(), c"", pfd.as_fd(), &name, libc::AT_EMPTY_PATH).or_else(
+                    |e| {
+                        // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+                        if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                            let proc_fd = self.export.proc_fd.as_fd();
+                            let flags = libc::AT_SYMLINK_FOLLOW;
+                            sys::linkat(
+                                proc_fd,
+                                &sys::fd_name(file.as_fd()),
+                                pfd.as_fd(),
+                                &name,
+                                flags,
+                            )
+                        } else {
+                            Err(e)
+                        }
+                    },
+                )
+            })
+        })?;
+        self.spares.remove(&node);
+        let named = sys::open_path(pfd.as_fd(), &name)?;
+        let (st, birth) = sys::fstat_born(named.as_fd())?;
+        if !n.same_file(&st, birth) {
+            // Replaced on the host between the link and now: the guest's file is not there.
+            return Err(WireErrno::ESTALE);
+        }
+        let ts = libc::timespec {
+            tv_sec: time.sec,
+            tv_nsec: time.nsec as i64,
+        };
+        let dir = sys::fstat(pfd.as_fd())?;
+        let group = if dir.st_mode & libc::S_ISGID != 0 {
+            dir.st_gid
+        } else {
+            // SAFETY: getegid cannot fail.
+            let own = unsafe { libc::getegid() };
+            self.ids.creator(caller)?.map_or(own, |(_, gid)| gid)
+        };
+        self.own_change(
+            &n,
+            named.as_fd(),
+            || {
+                if st.st_gid != group {
+                    sys::fchown_empty(named.as_fd(), None, Some(group))?;
+                }
+                // As the caller, like the creation it finishes: the kernel keeps
+                // set-group-ID only for a member of the file's group.
+                self.as_caller(caller, || {
+                    let proc_fd = self.export.proc_fd.as_fd();
+                    sys::fchmodat(proc_fd, &sys::fd_name(named.as_fd()), perm)?;
+                    sys::utimens_empty(named.as_fd(), &[ts, ts])
+                })
+            },
+            |before, _| before,
+        )?;
+        let mut entry = self.entry_of(parent, named, name)?;
+        // entry_of counted a lookup the client does not add: SPARES counted its one.
+        self.nodes.forget(node, 1);
+        entry.flags |= entry_flags::NEW_FILE;
+        let dir = self
+            .dir_attr
+            .then(|| sys::fstat(pfd.as_fd()).ok())
+            .flatten()
+            .map(|st| Box::new(self.attr_of(&st, parent)));
+        Ok(Reply::Create {
+            entry,
+            fh: 0,
+            flags: 0,
+            dir,
+        })
+    }
+
     /// Runs a creating syscall as the host user the id mapping gives the guest's caller, so
     /// the new file is theirs (or as the serving user, when squashing).
     fn as_caller<T>(&self, caller: Caller, f: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
@@ -682,6 +819,7 @@ impl ExportFs {
                     };
                     // The guest has no file open on it, so no lock on it either.
                     self.locks.forget_node(gone.id);
+                    self.spares.remove(&gone.id);
                     self.writers.forget(gone.id);
                     if let Some(w) = &self.watcher {
                         if gone.watched.load(Ordering::Relaxed) {
@@ -913,6 +1051,15 @@ impl ExportFs {
                     dir,
                 })
             }
+            Spares { parent, count } => self.make_spares(caller, parent, count),
+            Bind {
+                parent,
+                name,
+                node,
+                mode,
+                umask,
+                time,
+            } => self.bind_spare(caller, parent, &name, node, mode & 0o7777 & !umask, time),
             Read { .. } => Err(WireErrno::EINVAL),
             Write {
                 node,
