@@ -87,6 +87,9 @@ pub struct Coherence {
     next_seq: AtomicU64,
     /// Node -> sequence of the newest push that invalidated it (or an entry in it).
     invalidated: DashMap<NodeId, u64>,
+    /// Directory -> sequence at which this client last made or removed a name in it
+    /// ([`Coherence::changed_here`]).
+    changed_here: DashMap<NodeId, u64>,
     /// The newest of those sequences dropped with a forgotten node: a reply about a node
     /// not in `invalidated`, to a request sent before it, may predate a change pushed for
     /// a node the kernel forgot meanwhile (a LOOKUP racing the FORGET), so it is not fresh.
@@ -210,6 +213,7 @@ impl Coherence {
         Arc::new(Coherence {
             enabled: AtomicBool::new(false),
             last_push: AtomicU64::new(0),
+            changed_here: DashMap::new(),
             next_seq: AtomicU64::new(0),
             invalidated: DashMap::new(),
             forgotten_floor: AtomicU64::new(0),
@@ -256,6 +260,22 @@ impl Coherence {
     /// it was sent).
     pub fn fresh(&self, node: NodeId, sent: u64) -> bool {
         self.unchanged_since(node, sent, true)
+            && self.changed_here.get(&node).is_none_or(|s| *s <= sent)
+    }
+
+    /// This client just changed directory `dir` (made a name in it): a reply about `dir` to
+    /// a request sent before now may have been computed before the change (a listing of its
+    /// parent on another server worker, or sent before an early-answered creation's BIND),
+    /// so the kernel must not keep it ([`Coherence::fresh`]); if it did, the stale times
+    /// would stand until the next change. What was learned of `dir` before stays usable: the
+    /// client's own records follow its changes ([`Coherence::still_cacheable`]).
+    pub fn changed_here(&self, dir: NodeId) {
+        let seq = self.next_seq();
+        (self.changed_here)
+            .entry(dir)
+            .and_modify(|s| *s = (*s).max(seq))
+            .or_insert(seq);
+        self.last_push.fetch_max(seq, Ordering::AcqRel);
     }
 
     /// `doubt_forgotten`: whether an invalidation dropped with a forgotten node may concern
@@ -449,10 +469,12 @@ impl Coherence {
             self.watched.remove(&node);
             self.unwatched.remove(&node);
             // The floor first: `fresh` finds either the entry or the raised floor.
-            if let Some(s) = self.invalidated.get(&node).map(|s| *s) {
+            let changed = self.changed_here.get(&node).map(|s| *s);
+            if let Some(s) = self.invalidated.get(&node).map(|s| *s).max(changed) {
                 self.forgotten_floor.fetch_max(s, Ordering::AcqRel);
             }
             self.invalidated.remove(&node);
+            self.changed_here.remove(&node);
             self.created.remove(&node);
             self.new_dirs.remove(&node);
             self.listing_ends.remove(&node);

@@ -435,16 +435,47 @@ impl TetherFs {
         msg: &Request,
         done: impl FnOnce(ReplyResult) + Send + 'static,
     ) {
+        self.send_answering_first(req, msg, done, || {});
+    }
+
+    /// [`TetherFs::send`], answering the kernel with `first` before the request goes out
+    /// ([`Connection::call_answering_first`]): for requests answered early.
+    fn send_answering_first(
+        &self,
+        req: &FuseRequest,
+        msg: &Request,
+        done: impl FnOnce(ReplyResult) + Send + 'static,
+        first: impl FnOnce(),
+    ) {
         if let Some(node) = kernel_keeps_pages_of(msg) {
             self.co.kernel_may_hold(node);
         }
         let touch = self.known_attrs.touching(msg);
-        self.conn.call(caller(req), msg, move |res: ReplyResult| {
+        // Names made or removed in directories: replies about them sent before may predate
+        // the change ([`Coherence::changed_here`]). Marked on the reader thread, which also
+        // hands the kernel every other reply, right after this one's.
+        let names = matches!(
+            msg,
+            Request::Mknod { .. }
+                | Request::Mkdir { .. }
+                | Request::Symlink { .. }
+                | Request::Link { .. }
+                | Request::Unlink { .. }
+                | Request::Rmdir { .. }
+                | Request::Rename { .. }
+        );
+        let co = self.co.clone();
+        let done = move |res: ReplyResult| {
             if let Some(t) = &touch {
                 t.answered();
             }
-            done(res)
-        });
+            done(res);
+            if let Some(t) = touch.as_ref().filter(|_| names) {
+                t.nodes().into_iter().for_each(|dir| co.changed_here(dir));
+            }
+        };
+        self.conn
+            .call_answering_first(caller(req), msg, done, first);
     }
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
@@ -762,7 +793,7 @@ impl TetherFs {
         let (co, sent, known_attrs) = (self.co.clone(), self.co.now(), self.known_attrs.clone());
         let counted = known_attrs.asking(node);
         let wb = self.write_behind.clone();
-        self.send(req, &msg, move |res: ReplyResult| {
+        let done = move |res: ReplyResult| {
             let outcome = match res {
                 Ok(Reply::Written { size, attr }) => {
                     known_attrs.learn(node, counted, attr.as_deref(), sent, &co);
@@ -774,8 +805,8 @@ impl TetherFs {
             if wb.finish(node, len, outcome) {
                 co.revoke(node);
             }
-        });
-        reply.written(len as u32);
+        };
+        self.send_answering_first(req, &msg, done, || reply.written(len as u32));
     }
 
     /// Create-behind (spares.rs): answers the creation of `name` in `parent` with a spare
@@ -799,6 +830,8 @@ impl TetherFs {
             || !self.co.enabled()
             || self.co.fixer().is_some()
             || !self.conn.grants(SPARE_FILES)
+            // Spares go with their connection: none while it is being replaced.
+            || !self.conn.is_up()
         {
             return Err(reply);
         }
@@ -822,6 +855,10 @@ impl TetherFs {
             self.conn.send_oneway(caller(req), &forget);
             return Err(reply);
         }
+        // The kernel asks for the directory's attributes before its next creation there:
+        // that waits for BIND's reply, which carries them (DIR_ATTR), as a write's GETATTR
+        // waits for the write.
+        let dir_tracked = self.write_behind.begin_creation(parent);
         // What the kernel is told: the file BIND will make, its times the guest's clock's
         // (BIND sets the host's atime and mtime to them; its ctime is the host's moment).
         let now = SystemTime::now()
@@ -856,8 +893,12 @@ impl TetherFs {
         );
         let (dir_touch, file_touch) = (known_attrs.asking(parent), known_attrs.asking(node));
         let (spares, failed_name) = (self.spares.clone(), created.clone());
-        // Sent before the kernel hears of the file: whatever it asks next goes after.
-        self.send(req, &msg, move |res: ReplyResult| {
+        // When BIND went out: after the directory was marked changed ([`Coherence::
+        // changed_here`]), which its reply is not older than.
+        let bind_sent = Arc::new(std::sync::atomic::AtomicU64::new(sent));
+        let bind_sent_then = bind_sent.clone();
+        let done = move |res: ReplyResult| {
+            let sent = bind_sent_then.load(Ordering::Acquire);
             let outcome = match res {
                 Ok(Reply::Create {
                     entry: made, dir, ..
@@ -873,7 +914,11 @@ impl TetherFs {
                 spares.counters.failed_later.fetch_add(1, Ordering::Relaxed);
                 co.revoke_name(parent, failed_name, node);
             }
-        });
+            // Never an error of the directory's own.
+            if dir_tracked {
+                wb.finish(parent, 0, Ok(0));
+            }
+        };
         self.known.given(parent, &created, node, || {
             self.co.entry_given(&entry);
             self.co.created(&entry, sent);
@@ -881,13 +926,20 @@ impl TetherFs {
         });
         self.co.name_made(parent, &created);
         let ttl = ttl_for(&self.co, self.cache.entry_ttl, node, Some(parent), sent);
-        reply.created(
-            &ttl,
-            &file_attr(&entry.attr),
-            Generation(entry.generation),
-            FileHandle(0),
-            FopenFlags::FOPEN_KEEP_CACHE,
-        );
+        // The kernel hears of the file while BIND is about to go out: whatever it asks
+        // next leaves after BIND.
+        let answer = || {
+            self.co.changed_here(parent);
+            bind_sent.store(self.co.now(), Ordering::Release);
+            reply.created(
+                &ttl,
+                &file_attr(&entry.attr),
+                Generation(entry.generation),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            )
+        };
+        self.send_answering_first(req, &msg, done, answer);
         self.spares
             .counters
             .answered_early
@@ -1800,6 +1852,8 @@ impl Filesystem for TetherFs {
                 });
                 co.name_made(dir, &created);
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
+                // After what this reply itself tells is decided, before the kernel hears.
+                co.changed_here(dir);
                 let keep = if co.cacheable(entry.node, sent) {
                     FopenFlags::FOPEN_KEEP_CACHE
                 } else {

@@ -45,6 +45,11 @@ use crate::coherence::Coherence;
 pub struct Touch(Arc<KnownAttrs>, [NodeId; 2]);
 
 impl Touch {
+    /// The nodes the request changes (one twice when it changes only one).
+    pub fn nodes(&self) -> [NodeId; 2] {
+        self.1
+    }
+
     pub fn answered(&self) {
         self.0.touch(self.1[0]);
         if self.1[1] != self.1[0] {

@@ -822,6 +822,11 @@ impl Connection {
             .map_or(Duration::from_secs(5), |r| r.timeout)
     }
 
+    /// Whether requests go out now (not waiting for a reconnect or a restore).
+    pub fn is_up(&self) -> bool {
+        matches!(*self.link.lock().unwrap(), Link::Up { broken: false, .. })
+    }
+
     pub fn is_closed(&self) -> bool {
         matches!(*self.link.lock().unwrap(), Link::Closed)
     }
@@ -860,7 +865,33 @@ impl Connection {
         self.send(caller, req, Box::new(done), true);
     }
 
+    /// Like [`Connection::call`], running `first` just before the request goes out (or is
+    /// queued for the next connection) while no other request can: for answering the
+    /// kernel before the frame is written (write-behind), so that the caller is not held
+    /// up by the server's wake-up, while whatever the kernel sends next still leaves after
+    /// this request.
+    pub fn call_answering_first(
+        &self,
+        caller: Caller,
+        req: &Request,
+        done: impl FnOnce(ReplyResult) + Send + 'static,
+        first: impl FnOnce(),
+    ) {
+        self.send_after(caller, req, Box::new(done), false, first);
+    }
+
     fn send(&self, caller: Caller, req: &Request, done: Callback, restoring: bool) {
+        self.send_after(caller, req, done, restoring, || {});
+    }
+
+    fn send_after(
+        &self,
+        caller: Caller,
+        req: &Request,
+        done: Callback,
+        restoring: bool,
+        first: impl FnOnce(),
+    ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut pending = Pending {
             op: req.op() as u16,
@@ -872,6 +903,7 @@ impl Connection {
             done: Mutex::new(done),
         };
         let mut link = self.link.lock().unwrap();
+        first();
         let writer = match &mut *link {
             Link::Up {
                 writer,

@@ -379,7 +379,8 @@ fn count_open_files(pid: u32, dir: &std::path::Path) -> usize {
         .filter_map(|e| e.ok())
         .filter(|e| {
             fs::read_link(e.path())
-                .map(|t| t.starts_with(dir))
+                // Not spare files made ahead (`--write-behind`): "DIR/#INO (deleted)".
+                .map(|t| t.starts_with(dir) && !t.to_string_lossy().contains("/#"))
                 .unwrap_or(false)
         })
         .filter(|e| {

@@ -142,6 +142,12 @@ impl FdBudget {
         })
     }
 
+    /// The most node descriptors the export keeps open (a quarter more for nodes that
+    /// cannot be found again by name).
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }

@@ -88,7 +88,8 @@ impl WriteFd {
 }
 
 /// Checks a single path component from the guest.
-/// Most spare files (SPARES) a session holds unnamed at once: each is a descriptor.
+/// Most spare files (SPARES) a session holds unnamed at once: each is a descriptor, so
+/// also at most an eighth of the export's node descriptors.
 const MAX_SPARES: usize = 256;
 
 fn component(name: &[u8]) -> SysResult<CString> {
@@ -491,7 +492,11 @@ impl ExportFs {
     /// O_TMPFILE answers EOPNOTSUPP).
     fn make_spares(&self, caller: Caller, parent: NodeId, count: u32) -> SysResult<Reply> {
         let pfd = self.dir_fd(parent)?;
-        let room = MAX_SPARES.saturating_sub(self.spares.len());
+        let most = MAX_SPARES.min(self.export.budget.cap() / 8);
+        let room = most.saturating_sub(self.spares.len());
+        if room == 0 {
+            return Err(WireErrno::EMFILE);
+        }
         let mut made = Vec::new();
         for _ in 0..(count as usize).min(room) {
             let file = self.as_caller(caller, || {
@@ -506,6 +511,9 @@ impl ExportFs {
                 Err(_) => break,
             };
             let (st, birth) = sys::fstat_born(file.as_fd())?;
+            if let Some(w) = &self.watcher {
+                w.made_unnamed(st.st_ino);
+            }
             let node = self.nodes.remember_unnamed((&st, birth));
             self.spares.insert(node.id, Arc::new(file));
             made.push(Entry {

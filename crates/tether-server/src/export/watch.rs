@@ -5,9 +5,11 @@
 //! Linux only (inotify); another host needs another implementation of this module
 //! (FSEvents on macOS, ReadDirectoryChangesW on Windows) with the same surface.
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -78,6 +80,11 @@ pub struct Watcher {
     failed: AtomicUsize,
     /// Which process changed a file, where the kernel can tell.
     foreign: Option<ForeignChanges>,
+    /// Inode numbers of this session's spare files (SPARES) whose descriptor is still open.
+    /// Events through it name the file "#INO" in the directory it was made in (the kernel's
+    /// name for an unnamed file), whatever its name is by then: closing it (IN_CLOSE_WRITE,
+    /// it is open for writing) is this session's own doing and names nothing.
+    unnamed: Mutex<HashSet<u64>>,
 }
 
 impl Watcher {
@@ -92,6 +99,7 @@ impl Watcher {
             by_node: DashMap::new(),
             expected: DashMap::new(),
             failed: AtomicUsize::new(0),
+            unnamed: Mutex::default(),
             foreign: ForeignChanges::new()
                 .inspect_err(|e| {
                     tracing::info!(
@@ -195,6 +203,32 @@ impl Watcher {
     }
 
     /// Waits up to `timeout` for events and returns all that are queued.
+    /// This session made spare file `ino` and holds it open (see `unnamed`).
+    pub fn made_unnamed(&self, ino: u64) {
+        self.unnamed.lock().unwrap().insert(ino);
+    }
+
+    /// Whether `r` is an event through one of this session's spare files' descriptors:
+    /// forgotten once it is the close, the last one.
+    fn is_unnamed(&self, r: &Record<'_>) -> bool {
+        let Some(ino) = r
+            .name
+            .strip_prefix(b"#")
+            .and_then(|digits| std::str::from_utf8(digits).ok()?.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let names = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_MOVED_TO;
+        let mut unnamed = self.unnamed.lock().unwrap();
+        if r.mask & names != 0 || !unnamed.contains(&ino) {
+            return false;
+        }
+        if r.mask & libc::IN_CLOSE_WRITE != 0 {
+            unnamed.remove(&ino);
+        }
+        true
+    }
+
     pub fn read(&self, timeout: Duration) -> io::Result<Batch> {
         let pollfd = |fd: i32| libc::pollfd {
             fd,
@@ -240,6 +274,9 @@ impl Watcher {
                     if let Some((_, node)) = self.by_wd.remove(&r.wd) {
                         self.by_node.remove(&node);
                     }
+                    continue;
+                }
+                if self.is_unnamed(&r) {
                     continue;
                 }
                 if let Some(dir) = self.by_wd.get(&r.wd).map(|n| *n) {
@@ -329,6 +366,32 @@ pub fn changed_bits(mask: u32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_through_a_spare_files_descriptor_are_dropped_until_its_close() {
+        let w = Watcher::new().unwrap();
+        let event = |mask, name: &'static [u8]| Record {
+            wd: 1,
+            mask,
+            cookie: 0,
+            name,
+        };
+        w.made_unnamed(123);
+        assert!(w.is_unnamed(&event(libc::IN_ATTRIB, b"#123")));
+        assert!(
+            !w.is_unnamed(&event(libc::IN_CREATE, b"#123")),
+            "a name made"
+        );
+        assert!(
+            !w.is_unnamed(&event(libc::IN_MODIFY, b"#124")),
+            "another file"
+        );
+        assert!(!w.is_unnamed(&event(libc::IN_MODIFY, b"#12a")));
+        assert!(!w.is_unnamed(&event(libc::IN_MODIFY, b"123")));
+        assert!(w.is_unnamed(&event(libc::IN_CLOSE_WRITE, b"#123")));
+        // After its close the name is an ordinary one again (a host file called "#123").
+        assert!(!w.is_unnamed(&event(libc::IN_MODIFY, b"#123")));
+    }
 
     fn record(wd: i32, mask: u32, cookie: u32, name: &[u8], padded: usize) -> Vec<u8> {
         let mut v = Vec::new();
