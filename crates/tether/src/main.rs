@@ -113,7 +113,7 @@ enum Command {
         /// Experimental: answer a write() of up to 64 KiB once it is on its way to the
         /// server instead of when the server has written it (`dd` 2-4.5x faster), and a
         /// file creation with a file the server made ahead, named on the way (creating a
-        /// tree 1.5x faster). The guest sees both at once, but a host process may see them
+        /// tree 1.6-2.3x faster). The guest sees both at once, but a host process may see them
         /// a moment after open(), write() or close() returned, and an error the server
         /// meets reaches the next write() to the file or fsync() (docs/coherence.md,
         /// "Write-behind"). No effect with --writeback.

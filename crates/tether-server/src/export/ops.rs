@@ -500,10 +500,10 @@ impl ExportFs {
         let mut made = Vec::new();
         for _ in 0..(count as usize).min(room) {
             let file = self.as_caller(caller, || {
-                // No permission bits until BIND sets the asked ones; not O_EXCL, so that
-                // it can be linked.
+                // The permissions most files get (BIND sets others); not O_EXCL, so that it
+                // can be linked.
                 let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
-                sys::openat(pfd.as_fd(), c".", flags, 0)
+                sys::openat(pfd.as_fd(), c".", flags, 0o644)
             });
             let file = match file {
                 Ok(f) => f,
@@ -547,6 +547,37 @@ impl ExportFs {
             return Err(WireErrno::ESTALE);
         };
         let pfd = self.dir_fd(parent)?;
+        // The permissions, group and times first, through the unnamed file's own
+        // descriptor: its events name it "#INO" and are dropped as this session's
+        // (`Watcher::made_unnamed`), so the host and other guests hear only the creation.
+        let dir = sys::fstat(pfd.as_fd())?;
+        let group = if dir.st_mode & libc::S_ISGID != 0 {
+            dir.st_gid
+        } else {
+            // SAFETY: getegid cannot fail.
+            let own = unsafe { libc::getegid() };
+            self.ids.creator(caller)?.map_or(own, |(_, gid)| gid)
+        };
+        let st = sys::fstat(file.as_fd())?;
+        let ts = libc::timespec {
+            tv_sec: time.sec,
+            tv_nsec: time.nsec as i64,
+        };
+        // Own changes of the node (its ctime moves), though nobody hears of them.
+        let set_attributes = || {
+            if st.st_gid != group {
+                sys::fchown_empty(file.as_fd(), None, Some(group))?;
+            }
+            // As the caller, like the creation it finishes: the kernel keeps set-group-ID
+            // only for a member of the file's group.
+            self.as_caller(caller, || {
+                if st.st_mode & 0o7777 != perm || st.st_gid != group {
+                    sys::fchmod(file.as_fd(), perm)?;
+                }
+                sys::utimens_empty(file.as_fd(), &[ts, ts])
+            })
+        };
+        self.own_change(&n, file.as_fd(), set_attributes, |before, _| before)?;
         let expect = [(parent, name.as_bytes(), NameChange::Created)];
         self.own_names(&expect, &[Some((n.clone(), file.clone()))], || {
             self.as_caller(caller, || {
@@ -571,41 +602,13 @@ impl ExportFs {
             })
         })?;
         self.spares.remove(&node);
+        // Found by its name: the node's descriptor and location from now on.
         let named = sys::open_path(pfd.as_fd(), &name)?;
         let (st, birth) = sys::fstat_born(named.as_fd())?;
         if !n.same_file(&st, birth) {
             // Replaced on the host between the link and now: the guest's file is not there.
             return Err(WireErrno::ESTALE);
         }
-        let ts = libc::timespec {
-            tv_sec: time.sec,
-            tv_nsec: time.nsec as i64,
-        };
-        let dir = sys::fstat(pfd.as_fd())?;
-        let group = if dir.st_mode & libc::S_ISGID != 0 {
-            dir.st_gid
-        } else {
-            // SAFETY: getegid cannot fail.
-            let own = unsafe { libc::getegid() };
-            self.ids.creator(caller)?.map_or(own, |(_, gid)| gid)
-        };
-        self.own_change(
-            &n,
-            named.as_fd(),
-            || {
-                if st.st_gid != group {
-                    sys::fchown_empty(named.as_fd(), None, Some(group))?;
-                }
-                // As the caller, like the creation it finishes: the kernel keeps
-                // set-group-ID only for a member of the file's group.
-                self.as_caller(caller, || {
-                    let proc_fd = self.export.proc_fd.as_fd();
-                    sys::fchmodat(proc_fd, &sys::fd_name(named.as_fd()), perm)?;
-                    sys::utimens_empty(named.as_fd(), &[ts, ts])
-                })
-            },
-            |before, _| before,
-        )?;
         let mut entry = self.entry_of(parent, named, name)?;
         // entry_of counted a lookup the client does not add: SPARES counted its one.
         self.nodes.forget(node, 1);

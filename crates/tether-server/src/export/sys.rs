@@ -234,6 +234,11 @@ fn readlink_at(dir: RawFd, path: &CStr) -> SysResult<Vec<u8>> {
     Ok(buf)
 }
 
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
+    // SAFETY: plain syscall on a valid descriptor.
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }).map(drop)
+}
+
 pub fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> SysResult<()> {
     // SAFETY: valid C string.
     cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode, 0) }).map(drop)
