@@ -52,6 +52,9 @@ pub struct CachePolicy {
     /// server's reply is in (write_behind.rs). Off, an error comes back from the write
     /// that caused it and the host has the data when `write()` returns.
     pub write_behind: bool,
+    /// With `write_behind`, also answer a file creation with a spare file the server made
+    /// ahead (spares.rs). Such a creation is lost with its connection.
+    pub create_behind: bool,
 }
 
 impl Default for CachePolicy {
@@ -61,6 +64,7 @@ impl Default for CachePolicy {
             entry_ttl: Duration::from_secs(1),
             writeback: false,
             write_behind: false,
+            create_behind: false,
         }
     }
 }
@@ -116,7 +120,7 @@ impl TetherFs {
             .clone();
         let spares = co
             .spares
-            .get_or_init(|| Arc::new(Spares::new(cache.write_behind)))
+            .get_or_init(|| Arc::new(Spares::new(cache.write_behind && cache.create_behind)))
             .clone();
         TetherFs {
             conn,

@@ -192,6 +192,9 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
 
 /// The create-behind part of the write-behind line (spares.rs).
 fn create_behind(co: &Coherence, conn: &Connection) -> String {
+    if !co.spares.get().is_some_and(|s| s.on()) {
+        return "file creations wait for the server (`mount --create-behind` to change)".into();
+    }
     if !conn.grants(tether_proto::handshake::features::SPARE_FILES) {
         return "file creations wait for the server (it makes no spare files)".into();
     }

@@ -111,14 +111,19 @@ enum Command {
         #[arg(long)]
         writeback: bool,
         /// Experimental: answer a write() of up to 64 KiB once it is on its way to the
-        /// server instead of when the server has written it (`dd` 2-4.5x faster), and a
-        /// file creation with a file the server made ahead, named on the way (creating a
-        /// tree 1.6-2.3x faster). The guest sees both at once, but a host process may see them
-        /// a moment after open(), write() or close() returned, and an error the server
-        /// meets reaches the next write() to the file or fsync() (docs/coherence.md,
-        /// "Write-behind"). No effect with --writeback.
+        /// server instead of when the server has written it (`dd` 2-4.5x faster). The
+        /// guest sees it at once, but a host process may see it a moment after write() (or
+        /// close()) returned, and an error the server meets reaches the next write() to the
+        /// file or fsync() (docs/coherence.md, "Write-behind"). No effect with --writeback.
         #[arg(long)]
         write_behind: bool,
+        /// Experimental, implies --write-behind: also answer a file creation with a file
+        /// the server made ahead, named on the way (creating a tree 1.6-2.3x faster). A
+        /// creation still on its way when the connection is lost (a server restart) fails:
+        /// the file is gone, and only a later write() or fsync() of it reports it
+        /// (docs/coherence.md, "Create-behind").
+        #[arg(long)]
+        create_behind: bool,
         /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
         /// later), one queue per CPU, so that a request is served on the CPU that made it.
         /// Needs root; turns on the fuse module's `enable_uring` parameter if it is off.
@@ -446,6 +451,7 @@ fn run(cmd: Command) -> Result<()> {
             local_locks,
             writeback,
             write_behind,
+            create_behind,
             io_uring,
             secret_file,
             uid,
@@ -494,7 +500,8 @@ fn run(cmd: Command) -> Result<()> {
                     attr_ttl: ttl,
                     entry_ttl: ttl,
                     writeback,
-                    write_behind,
+                    write_behind: write_behind || create_behind,
+                    create_behind,
                 },
                 fs_name: format!("tether:{addr}"),
                 threads,

@@ -1,5 +1,6 @@
 //! Write-behind (`mount --write-behind`, crates/tether-client/src/write_behind.rs): a small
-//! written-through write() is answered once it is on its way to the server. What must hold: the next request sees
+//! written-through write() is answered once it is on its way to the server; with
+//! `--create-behind` (spares.rs) a creation too. What must hold: the next request sees
 //! it, an error the server meets reaches the writer's next write or fsync (and the guest
 //! then sees what the host has), and an unmount right after writing loses nothing.
 
@@ -101,6 +102,14 @@ fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
         "the writes were not answered early:\n{}",
         common::status(&t.mnt)
     );
+    // Creations are answered early only with --create-behind.
+    let status = common::status(&t.mnt);
+    if !std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--create-behind")) {
+        assert!(
+            status.contains("file creations wait for the server"),
+            "{status}"
+        );
+    }
 }
 
 /// The export is a 512 KiB tmpfs (less than the 1 MiB the client lets be in flight) and the
@@ -260,7 +269,7 @@ fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_t
         return;
     }
     // Host ids as they are, so that the guest's owner and group can be compared.
-    let t = TestMount::start_with(&["--map-ids", "passthrough"], &["--write-behind"]);
+    let t = TestMount::start_with(&["--map-ids", "passthrough"], &["--create-behind"]);
     let plain = t.mnt.join("plain");
     let shared = t.mnt.join("shared");
     fs::create_dir(&plain).unwrap();
@@ -365,7 +374,7 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
     if skipped_with_the_writeback_cache() {
         return;
     }
-    let t = TestMount::start_with(&[], &["--write-behind"]);
+    let t = TestMount::start_with(&[], &["--create-behind"]);
     let dir = t.mnt.join("d");
     fs::create_dir(&dir).unwrap();
     // Warm up: the first creations ask for spares; wait until they came and the last

@@ -1,6 +1,6 @@
 //! One session's view of the export: its nodes and open handles, and every operation.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -580,26 +580,7 @@ impl ExportFs {
         self.own_change(&n, file.as_fd(), set_attributes, |before, _| before)?;
         let expect = [(parent, name.as_bytes(), NameChange::Created)];
         self.own_names(&expect, &[Some((n.clone(), file.clone()))], || {
-            self.as_caller(caller, || {
-                sys::linkat(file.as_fd(), c"", pfd.as_fd(), &name, libc::AT_EMPTY_PATH).or_else(
-                    |e| {
-                        // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-                        if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                            let proc_fd = self.export.proc_fd.as_fd();
-                            let flags = libc::AT_SYMLINK_FOLLOW;
-                            sys::linkat(
-                                proc_fd,
-                                &sys::fd_name(file.as_fd()),
-                                pfd.as_fd(),
-                                &name,
-                                flags,
-                            )
-                        } else {
-                            Err(e)
-                        }
-                    },
-                )
-            })
+            self.as_caller(caller, || self.link_at(&file, &pfd, &name))
         })?;
         self.spares.remove(&node);
         // Found by its name: the node's descriptor and location from now on.
@@ -613,16 +594,37 @@ impl ExportFs {
         // entry_of counted a lookup the client does not add: SPARES counted its one.
         self.nodes.forget(node, 1);
         entry.flags |= entry_flags::NEW_FILE;
+        Ok(self.created(entry, 0, parent, &pfd))
+    }
+
+    /// The reply to a creation of `entry` in `parent` (descriptor `pfd`), with handle `fh`:
+    /// after it the kernel drops the directory's attributes and asks for them again before
+    /// its next lookup there, so they come along (DIR_ATTR).
+    fn created(&self, entry: Entry, fh: HandleId, parent: NodeId, pfd: &OwnedFd) -> Reply {
         let dir = self
             .dir_attr
             .then(|| sys::fstat(pfd.as_fd()).ok())
             .flatten()
             .map(|st| Box::new(self.attr_of(&st, parent)));
-        Ok(Reply::Create {
+        Reply::Create {
             entry,
-            fh: 0,
+            fh,
             flags: 0,
             dir,
+        }
+    }
+
+    /// Links the file `fd` refers to (which may have no name) into `dir` as `name`.
+    fn link_at(&self, fd: &OwnedFd, dir: &OwnedFd, name: &CStr) -> SysResult<()> {
+        sys::linkat(fd.as_fd(), c"", dir.as_fd(), name, libc::AT_EMPTY_PATH).or_else(|e| {
+            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
+            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
+                let proc_fd = self.export.proc_fd.as_fd();
+                let flags = libc::AT_SYMLINK_FOLLOW;
+                sys::linkat(proc_fd, &sys::fd_name(fd.as_fd()), dir.as_fd(), name, flags)
+            } else {
+                Err(e)
+            }
         })
     }
 
@@ -957,23 +959,7 @@ impl ExportFs {
                 let expect = [(new_parent, new_name.as_bytes(), NameChange::Created)];
                 // The file's link count and ctime change: that is this session's change too.
                 let file = Some((n.clone(), fd.clone()));
-                self.own_names(&expect, &[file], || {
-                    sys::linkat(fd.as_fd(), c"", pfd.as_fd(), &new_name, libc::AT_EMPTY_PATH)
-                        .or_else(|e| {
-                            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-                            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                                sys::linkat(
-                                    self.export.proc_fd.as_fd(),
-                                    &sys::fd_name(fd.as_fd()),
-                                    pfd.as_fd(),
-                                    &new_name,
-                                    libc::AT_SYMLINK_FOLLOW,
-                                )
-                            } else {
-                                Err(e)
-                            }
-                        })
-                })?;
+                self.own_names(&expect, &[file], || self.link_at(&fd, &pfd, &new_name))?;
                 self.lookup_in(new_parent, pfd.as_fd(), new_name)
                     .map(Reply::Entry)
             }
@@ -1048,19 +1034,7 @@ impl ExportFs {
                         }
                     }
                 };
-                // After the creation: the kernel drops the directory's attributes and asks
-                // for them again before its next lookup in it.
-                let dir = self
-                    .dir_attr
-                    .then(|| sys::fstat(pfd.as_fd()).ok())
-                    .flatten()
-                    .map(|st| Box::new(self.attr_of(&st, parent)));
-                Ok(Reply::Create {
-                    entry,
-                    fh,
-                    flags: 0,
-                    dir,
-                })
+                Ok(self.created(entry, fh, parent, &pfd))
             }
             Spares { parent, count } => self.make_spares(caller, parent, count),
             Bind {
