@@ -237,7 +237,10 @@ impl Drop for Resume {
 #[test]
 fn by_default_no_write_is_answered_early() {
     require_mount!();
-    if skipped_with_the_writeback_cache() || skipped_with("--write-behind") {
+    if skipped_with_the_writeback_cache()
+        || skipped_with("--write-behind")
+        || skipped_with("--create-behind")
+    {
         return;
     }
     let t = TestMount::start();
