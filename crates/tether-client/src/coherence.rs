@@ -263,7 +263,7 @@ impl Coherence {
             && self.changed_here.get(&node).is_none_or(|s| *s <= sent)
     }
 
-    /// This client just changed directory `dir` (made a name in it): a reply about `dir` to
+    /// This client just made or removed a name in directory `dir`: a reply about `dir` to
     /// a request sent before now may have been computed before the change (a listing of its
     /// parent on another server worker, or sent before an early-answered creation's BIND),
     /// so the kernel must not keep it ([`Coherence::fresh`]); if it did, the stale times

@@ -87,11 +87,11 @@ impl WriteFd {
     }
 }
 
-/// Checks a single path component from the guest.
 /// Most spare files (SPARES) a session holds unnamed at once: each is a descriptor, so
 /// also at most an eighth of the export's node descriptors.
 const MAX_SPARES: usize = 256;
 
+/// Checks a single path component from the guest.
 fn component(name: &[u8]) -> SysResult<CString> {
     if !tether_proto::is_component(name) {
         return Err(WireErrno::EINVAL);
@@ -526,12 +526,11 @@ impl ExportFs {
         Ok(Reply::Spares(made))
     }
 
-    /// BIND: links spare `node` into `parent` as `name` (EEXIST if the name is taken), then
-    /// gives it permissions `perm`, access and modification times `time`, and the group a
-    /// file made there would have (a spare may come from another directory of the file
-    /// system, one without set-group-ID), through the new name (an event through the
-    /// unnamed file would name it "#INO" in the watched directory). Answered as a creation;
-    /// the lookup the client holds on the node is the one SPARES counted.
+    /// BIND: gives spare `node` permissions `perm`, access and modification times `time`,
+    /// and the group a file made in `parent` would have (a spare may come from another
+    /// directory of the file system, one without set-group-ID), then links it into `parent`
+    /// as `name` (EEXIST if the name is taken). Answered as a creation; the lookup the
+    /// client holds on the node is the one SPARES counted.
     fn bind_spare(
         &self,
         caller: Caller,
