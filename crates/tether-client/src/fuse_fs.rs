@@ -468,13 +468,14 @@ impl TetherFs {
                 | Request::Rmdir { .. }
                 | Request::Rename { .. }
         );
-        let co = self.co.clone();
+        // Cloned only for those: every request passes here.
+        let co = names.then(|| self.co.clone());
         let done = move |res: ReplyResult| {
             if let Some(t) = &touch {
                 t.answered();
             }
             done(res);
-            if let Some(t) = touch.as_ref().filter(|_| names) {
+            if let (Some(t), Some(co)) = (&touch, &co) {
                 t.nodes().into_iter().for_each(|dir| co.changed_here(dir));
             }
         };
