@@ -538,28 +538,31 @@ impl Coherence {
     /// the server): treated as invalidated now, and dropped from the kernel by the
     /// invalidation thread, as a push would be.
     pub fn revoke(&self, node: NodeId) {
-        self.distrust(node);
-        // Applied even without pushed invalidation, where nothing records what the kernel
-        // holds (the invalidation thread skips nodes it was given nothing of).
-        self.kernel_holds.entry(node).or_default().given = true;
-        let _ = self.queue.send(InvalidatePush {
-            items: vec![Invalidation::Inode(node)],
-            events: Vec::new(),
-        });
+        self.drop_from_kernel(&[node], vec![Invalidation::Inode(node)]);
     }
 
     /// The kernel was told `name` in `dir` is `node`, and it is not (a creation answered
     /// early failed on the server): the name and the node are dropped from the kernel as a
     /// push would drop them, so that the next lookup asks the server.
     pub fn revoke_name(&self, dir: NodeId, name: Bytes, node: NodeId) {
-        self.distrust(dir);
-        self.revoke(node);
-        self.kernel_holds.entry(dir).or_default().given = true;
+        let items = vec![
+            Invalidation::Entry { parent: dir, name },
+            Invalidation::Inode(dir),
+            Invalidation::Inode(node),
+        ];
+        self.drop_from_kernel(&[dir, node], items);
+    }
+
+    /// [`Coherence::revoke`] of `nodes`, applying `items` through the invalidation thread.
+    fn drop_from_kernel(&self, nodes: &[NodeId], items: Vec<Invalidation>) {
+        for &node in nodes {
+            self.distrust(node);
+            // Applied even without pushed invalidation, where nothing records what the
+            // kernel holds (the invalidation thread skips nodes it was given nothing of).
+            self.kernel_holds.entry(node).or_default().given = true;
+        }
         let _ = self.queue.send(InvalidatePush {
-            items: vec![
-                Invalidation::Entry { parent: dir, name },
-                Invalidation::Inode(dir),
-            ],
+            items,
             events: Vec::new(),
         });
     }

@@ -457,26 +457,17 @@ impl TetherFs {
         let touch = self.known_attrs.touching(msg);
         // Names made or removed in directories: replies about them sent before may predate
         // the change ([`Coherence::changed_here`]). Marked on the reader thread, which also
-        // hands the kernel every other reply, right after this one's.
-        let names = matches!(
-            msg,
-            Request::Mknod { .. }
-                | Request::Mkdir { .. }
-                | Request::Symlink { .. }
-                | Request::Link { .. }
-                | Request::Unlink { .. }
-                | Request::Rmdir { .. }
-                | Request::Rename { .. }
-        );
-        // Cloned only for those: every request passes here.
-        let co = names.then(|| self.co.clone());
+        // hands the kernel every other reply, right after this one's. (Cloned only for
+        // those: every request passes here.)
+        let names = touch.as_ref().and_then(|t| t.name_changes());
+        let co = names.map(|_| self.co.clone());
         let done = move |res: ReplyResult| {
             if let Some(t) = &touch {
                 t.answered();
             }
             done(res);
-            if let (Some(t), Some(co)) = (&touch, &co) {
-                t.nodes().into_iter().for_each(|dir| co.changed_here(dir));
+            if let (Some(dirs), Some(co)) = (names, &co) {
+                dirs.into_iter().for_each(|dir| co.changed_here(dir));
             }
         };
         self.conn
@@ -829,9 +820,8 @@ impl TetherFs {
         reply: ReplyCreate,
     ) -> Result<(), ReplyCreate> {
         use tether_proto::handshake::features::SPARE_FILES;
-        let waits = libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT;
         if !self.spares.on()
-            || flags & waits != 0
+            || write_behind::durable_or_uncached(flags)
             || !self.co.enabled()
             || self.co.fixer().is_some()
             || !self.conn.grants(SPARE_FILES)

@@ -41,13 +41,15 @@ use tether_proto::{Attr, NodeId, Request};
 
 use crate::coherence::Coherence;
 
-/// A request's count against the nodes it changes, to repeat when it is answered.
-pub struct Touch(Arc<KnownAttrs>, [NodeId; 2]);
+/// A request's count against the nodes it changes, to repeat when it is answered; and
+/// whether it makes or removes names in them (directories).
+pub struct Touch(Arc<KnownAttrs>, [NodeId; 2], bool);
 
 impl Touch {
-    /// The nodes the request changes (one twice when it changes only one).
-    pub fn nodes(&self) -> [NodeId; 2] {
-        self.1
+    /// The directories the request makes or removes names in (with LINK, also the file
+    /// linked), or None for a request that changes no names.
+    pub fn name_changes(&self) -> Option<[NodeId; 2]> {
+        self.2.then_some(self.1)
     }
 
     pub fn answered(&self) {
@@ -85,30 +87,30 @@ impl KnownAttrs {
     /// and WRITE count through [`KnownAttrs::asking`] and [`KnownAttrs::learn`] instead.
     pub fn touching(self: &Arc<Self>, req: &Request) -> Option<Touch> {
         use Request::*;
-        let nodes = match *req {
+        let (nodes, names) = match *req {
             Mknod { parent, .. } | Mkdir { parent, .. } | Symlink { parent, .. } => {
-                [parent, parent]
+                ([parent, parent], true)
             }
             Link {
                 node, new_parent, ..
-            } => [node, new_parent],
+            } => ([node, new_parent], true),
             Unlink { parent, .. } | Rmdir { parent, .. } => {
                 self.removals.fetch_add(1, Ordering::AcqRel);
-                [parent, parent]
+                ([parent, parent], true)
             }
             Rename {
                 parent, new_parent, ..
             } => {
                 self.removals.fetch_add(1, Ordering::AcqRel);
-                [parent, new_parent]
+                ([parent, new_parent], true)
             }
             Setxattr { node, .. } | Removexattr { node, .. } | Fallocate { node, .. } => {
-                [node, node]
+                ([node, node], false)
             }
-            CopyFileRange { node_out, .. } => [node_out, node_out],
+            CopyFileRange { node_out, .. } => ([node_out, node_out], false),
             _ => return None,
         };
-        let t = Touch(self.clone(), nodes);
+        let t = Touch(self.clone(), nodes, names);
         t.answered();
         Some(t)
     }

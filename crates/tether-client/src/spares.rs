@@ -69,6 +69,19 @@ struct Pool {
     used: u64,
 }
 
+impl Pool {
+    /// Starts over on connection `session` if the pool is of an earlier one: its spares
+    /// went with it, and so did its SPARES request.
+    fn on_session(&mut self, session: u64) -> &mut Pool {
+        if self.session != session {
+            self.files.clear();
+            self.session = session;
+            self.asking = false;
+        }
+        self
+    }
+}
+
 #[derive(Default)]
 pub struct Counters {
     /// Creations answered with a spare.
@@ -107,12 +120,7 @@ impl Spares {
             return None;
         }
         let mut pools = self.pools.lock().unwrap();
-        let pool = pools.get_mut(&key)?;
-        if pool.session != session {
-            pool.files.clear();
-            pool.session = session;
-            pool.asking = false;
-        }
+        let pool = pools.get_mut(&key)?.on_session(session);
         pool.used = self.uses.fetch_add(1, Ordering::Relaxed);
         pool.files.pop()
     }
@@ -135,18 +143,16 @@ impl Spares {
             }
         }
         let used = self.uses.fetch_add(1, Ordering::Relaxed);
-        let pool = pools.entry(key).or_insert(Pool {
-            files: Vec::new(),
-            session,
-            asking: false,
-            failed_at: None,
-            used,
-        });
-        if pool.session != session {
-            pool.files.clear();
-            pool.session = session;
-            pool.asking = false;
-        }
+        let pool = pools
+            .entry(key)
+            .or_insert(Pool {
+                files: Vec::new(),
+                session,
+                asking: false,
+                failed_at: None,
+                used,
+            })
+            .on_session(session);
         let resting = pool.failed_at.is_some_and(|t| t.elapsed() < RETRY_AFTER);
         if pool.asking || resting || pool.files.len() >= LOW {
             return (!evicted.is_empty()).then_some(evicted);

@@ -192,21 +192,18 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
 
 /// The create-behind part of the write-behind line (spares.rs).
 fn create_behind(co: &Coherence, conn: &Connection) -> String {
-    if !co.spares.get().is_some_and(|s| s.on()) {
+    let Some(s) = co.spares.get().filter(|s| s.on()) else {
         return "file creations wait for the server (`mount --create-behind` to change)".into();
-    }
+    };
     if !conn.grants(tether_proto::handshake::features::SPARE_FILES) {
         return "file creations wait for the server (it makes no spare files)".into();
     }
-    match co.spares.get() {
-        Some(s) => format!(
-            "{} file creations answered with spare files, {} of those failed there, {} spares \
-             made, {} at hand",
-            s.counters.answered_early.load(Ordering::Relaxed),
-            s.counters.failed_later.load(Ordering::Relaxed),
-            s.counters.made.load(Ordering::Relaxed),
-            s.held(),
-        ),
-        None => "no file creation answered early yet".into(),
-    }
+    format!(
+        "{} file creations answered with spare files, {} of those failed there, {} spares \
+         made, {} at hand",
+        s.counters.answered_early.load(Ordering::Relaxed),
+        s.counters.failed_later.load(Ordering::Relaxed),
+        s.counters.made.load(Ordering::Relaxed),
+        s.held(),
+    )
 }

@@ -75,8 +75,13 @@ pub struct WriteBehind {
 /// Whether a write of `len` bytes through a file opened with `open_flags` may be answered
 /// early at all: not one the caller asked to be durable or uncached.
 pub fn may_answer_early(len: usize, open_flags: i32) -> bool {
-    let waits = libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT;
-    len <= tether_proto::handshake::ORDERED_WRITE_MAX && open_flags & waits == 0
+    len <= tether_proto::handshake::ORDERED_WRITE_MAX && !durable_or_uncached(open_flags)
+}
+
+/// Whether a file opened with `open_flags` asked for its writes to be durable or uncached
+/// (`O_SYNC`, `O_DSYNC`, `O_DIRECT`): nothing about it is answered early.
+pub fn durable_or_uncached(open_flags: i32) -> bool {
+    open_flags & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0
 }
 
 impl WriteBehind {

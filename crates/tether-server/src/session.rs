@@ -320,10 +320,11 @@ fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result
 
 /// Requests done in a few microseconds on a file the server holds open (they read an inode
 /// in memory; a small write goes to the page cache), executed without handing the reader
-/// on. For small writes this is also a promise (feature `ORDERED_WRITES`): every request
-/// read after one sees its effect, so the client answers them early. Anything that may read the disk, wait for a lock, free many blocks (a truncation) or
-/// move much data is not, nor a FORGET of many nodes (each may close a descriptor and drop
-/// a watch).
+/// on. For small writes and BIND this is also a promise (features `ORDERED_WRITES`,
+/// `SPARE_FILES`): every request read after one sees its effect, so the client answers
+/// them early. Anything that may read the disk, wait for a lock, free many blocks (a
+/// truncation) or move much data is not, nor a FORGET of many nodes (each may close a
+/// descriptor and drop a watch).
 fn is_quick(h: &FrameHeader) -> bool {
     use tether_proto::handshake::{ORDERED_WRITE_MAX, WRITE_BODY_FIXED};
     const FEW_FORGETS: usize = 256;
