@@ -29,7 +29,7 @@ use crate::known_attrs::KnownAttrs;
 use crate::locks::{LockRequest, Locks};
 use crate::partial_pages::PartialPages;
 use crate::prefetch::Prefetch;
-use crate::restore::{Known, OpenHandle};
+use crate::restore::{Binding, Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::spares::{self, PoolKey, Spares};
 use crate::write_behind::{self, WriteBehind};
@@ -887,12 +887,14 @@ impl TetherFs {
             self.write_behind.clone(),
         );
         let (dir_touch, file_touch) = (known_attrs.asking(parent), known_attrs.asking(node));
-        let (spares, failed_name) = (self.spares.clone(), created.clone());
+        let (spares, failed_name, known) =
+            (self.spares.clone(), created.clone(), self.known.clone());
         // When BIND went out: after the directory was marked changed ([`Coherence::
         // changed_here`]), which its reply is not older than.
         let bind_sent = Arc::new(std::sync::atomic::AtomicU64::new(sent));
         let bind_sent_then = bind_sent.clone();
         let done = move |res: ReplyResult| {
+            known.bound(node);
             let sent = bind_sent_then.load(Ordering::Acquire);
             let outcome = match res {
                 Ok(Reply::Create {
@@ -914,6 +916,13 @@ impl TetherFs {
                 wb.finish(parent, 0, Ok(0));
             }
         };
+        let binding = Binding {
+            caller: caller(req),
+            mode,
+            umask,
+            time,
+        };
+        self.known.binding(node, binding);
         self.known.given(parent, &created, node, || {
             self.co.entry_given(&entry);
             self.co.created(&entry, sent);

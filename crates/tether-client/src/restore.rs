@@ -6,13 +6,14 @@
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use tether_proto::{
-    entry_flags, Caller, HandleId, LockSpec, NodeId, Reply, Request, WireErrno, ROOT_NODE,
+    entry_flags, Caller, HandleId, LockSpec, NodeId, Reply, Request, Timespec, WireErrno, ROOT_NODE,
 };
 
 use crate::coherence::Coherence;
@@ -36,6 +37,16 @@ pub struct OpenHandle {
     pub dir: bool,
 }
 
+/// A creation answered with a spare file (create-behind) whose BIND has no reply yet: what
+/// binding it again needs after a reconnect, since the spare went with its session.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding {
+    pub caller: Caller,
+    pub mode: u32,
+    pub umask: u32,
+    pub time: Timespec,
+}
+
 /// How many locks `Known` shares out among nodes.
 const NODE_LOCKS: usize = 32;
 
@@ -51,6 +62,7 @@ pub struct Known {
     /// collision only loses track of a renamed node (it is then lost at a reconnect).
     by_name: DashMap<(NodeId, u64), NodeId>,
     handles: DashMap<HandleId, OpenHandle>,
+    bindings: DashMap<NodeId, Binding>,
 }
 
 fn name_key(parent: NodeId, name: &[u8]) -> (NodeId, u64) {
@@ -172,6 +184,16 @@ impl Known {
         }
     }
 
+    /// BIND of `node` is about to be sent.
+    pub fn binding(&self, node: NodeId, b: Binding) {
+        self.bindings.insert(node, b);
+    }
+
+    /// BIND of `node` has its final reply.
+    pub fn bound(&self, node: NodeId) {
+        self.bindings.remove(&node);
+    }
+
     pub fn opened(&self, fh: HandleId, h: OpenHandle) {
         if fh != 0 {
             self.handles.insert(fh, h);
@@ -188,11 +210,20 @@ impl Known {
     }
 }
 
-/// What a restore re-creates: (node, parent, name, lookups), the open handles and the
-/// locks held on the host.
+/// A node the kernel holds, as a restore finds it again.
+struct KnownNode {
+    node: NodeId,
+    parent: NodeId,
+    name: Box<[u8]>,
+    lookups: u64,
+    /// Its BIND, if it has no reply yet.
+    binding: Option<Binding>,
+}
+
+/// What a restore re-creates: the nodes, the open handles and the locks held on the host.
 #[derive(Default)]
 struct Snapshot {
-    nodes: Vec<(NodeId, NodeId, Box<[u8]>, u64)>,
+    nodes: Vec<KnownNode>,
     handles: Vec<(HandleId, OpenHandle)>,
     locks: Vec<(NodeId, LockSpec, u64)>,
 }
@@ -223,33 +254,70 @@ impl Restore {
         let mut found: HashSet<NodeId> = HashSet::from([ROOT_NODE]);
         let mut lost = Vec::new();
         while !todo.is_empty() {
-            let (ready, rest): (Vec<_>, Vec<_>) = todo
-                .into_iter()
-                .partition(|(_, parent, _, _)| found.contains(parent));
+            let (ready, rest): (Vec<_>, Vec<_>) =
+                todo.into_iter().partition(|n| found.contains(&n.parent));
             if ready.is_empty() {
                 // Their parents were lost: so are they.
-                lost.extend(rest.into_iter().map(|(node, ..)| node));
+                lost.extend(rest.into_iter().map(|n| n.node));
                 break;
             }
             let (tx, rx) = mpsc::channel();
-            for (node, parent, name, lookups) in &ready {
-                let (tx, node, lookups) = (tx.clone(), *node, *lookups);
-                // As many lookups as the kernel holds, so that its FORGETs add up.
-                let req = Request::Reclaim {
-                    parent: *parent,
-                    name: bytes::Bytes::copy_from_slice(name),
-                    lookups,
+            for n in &ready {
+                let (tx, node, parent, lookups) = (tx.clone(), n.node, n.parent, n.lookups);
+                let name = bytes::Bytes::copy_from_slice(&n.name);
+                let (caller, req) = match n.binding {
+                    // Its spare went with the old session: BIND makes the file anew under
+                    // the same id, or finds it bound by the old session (protocol.md §17).
+                    Some(b) => (
+                        b.caller,
+                        Request::Bind {
+                            parent,
+                            name: name.clone(),
+                            node,
+                            mode: b.mode,
+                            umask: b.umask,
+                            time: b.time,
+                        },
+                    ),
+                    // As many lookups as the kernel holds, so that its FORGETs add up.
+                    None => (
+                        Caller::default(),
+                        Request::Reclaim {
+                            parent,
+                            name: name.clone(),
+                            lookups,
+                        },
+                    ),
                 };
-                conn.call_restoring(Caller::default(), &req, move |r| {
-                    let _ = tx.send((node, lookups, r));
+                let more = (n.binding.is_some() && lookups > 1).then(|| Request::Reclaim {
+                    parent,
+                    name,
+                    lookups: lookups - 1,
+                });
+                conn.call_restoring(caller, &req, move |r| {
+                    let _ = tx.send((node, lookups, more, r));
                 });
             }
             drop(tx);
-            for (node, lookups, r) in rx.iter() {
+            for (node, lookups, more, r) in rx.iter() {
                 match r {
                     Ok(Reply::Entry(e)) if e.node == node => {
                         self.co
                             .set_watched(node, e.flags & entry_flags::WATCHED != 0);
+                        found.insert(node);
+                    }
+                    Ok(Reply::Create { entry: e, .. }) if e.node == node => {
+                        if let Some(s) = self.co.spares.get() {
+                            s.counters.named_again.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // BIND counted one lookup; the kernel may hold more.
+                        if let Some(more) = more {
+                            conn.call_restoring(Caller::default(), &more, move |r| {
+                                if let Err(e) = r {
+                                    tracing::warn!("node {node}: its lookups not counted: {e}");
+                                }
+                            });
+                        }
                         found.insert(node);
                     }
                     Ok(Reply::Entry(e)) => {
@@ -368,7 +436,13 @@ impl Restorer for Restore {
     fn snapshot(&self) {
         *self.snapshot.lock().unwrap() = Snapshot {
             nodes: (self.known.places.iter())
-                .map(|e| (*e.key(), e.parent, e.name.clone(), e.lookups))
+                .map(|e| KnownNode {
+                    node: *e.key(),
+                    parent: e.parent,
+                    name: e.name.clone(),
+                    lookups: e.lookups,
+                    binding: self.known.bindings.get(e.key()).map(|b| *b),
+                })
                 .collect(),
             handles: (self.known.handles.iter())
                 .map(|e| (*e.key(), *e))

@@ -88,6 +88,9 @@ pub struct Counters {
     pub answered_early: AtomicU64,
     /// Of those, creations the server then failed (BIND).
     pub failed_later: AtomicU64,
+    /// Of those, creations named by a reconnect's restore: their BIND had no reply when
+    /// the connection was lost, and their spare went with it (restore.rs).
+    pub named_again: AtomicU64,
     /// Spares the server made.
     pub made: AtomicU64,
 }

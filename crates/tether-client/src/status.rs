@@ -199,10 +199,11 @@ fn create_behind(co: &Coherence, conn: &Connection) -> String {
         return "file creations wait for the server (it makes no spare files)".into();
     }
     format!(
-        "{} file creations answered with spare files, {} of those failed there, {} spares \
-         made, {} at hand",
+        "{} file creations answered with spare files, {} of those failed there, {} named \
+         again after a reconnect, {} spares made, {} at hand",
         s.counters.answered_early.load(Ordering::Relaxed),
         s.counters.failed_later.load(Ordering::Relaxed),
+        s.counters.named_again.load(Ordering::Relaxed),
         s.counters.made.load(Ordering::Relaxed),
         s.held(),
     )

@@ -529,6 +529,8 @@ pub enum Request {
     },
     /// Links spare file `node` into `parent` as `name` (failing with EEXIST if the name is
     /// taken), with permissions `mode & !umask` and access and modification times `time`.
+    /// Sent again in a later session, it makes the file anew under the id `node` if the
+    /// earlier session did not name it (protocol.md §17).
     Bind {
         parent: NodeId,
         name: Bytes,
@@ -760,9 +762,9 @@ impl Request {
             | Rename { .. }
             | Link { .. }
             | Create { .. }
-            // Spare files go with their session.
+            // Spare files go with their session (a BIND sent again makes its file anew, or
+            // finds it made: protocol.md §17).
             | Spares { .. }
-            | Bind { .. }
             | Removexattr { .. }
             | Release { .. }
             | Releasedir { .. }

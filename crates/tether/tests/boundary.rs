@@ -1451,6 +1451,81 @@ fn node_ids_never_issued_or_forgotten_are_stale() {
     fx.finish();
 }
 
+/// BIND sent again in a later session (a client reconnecting after its server restarted,
+/// protocol.md §17): a spare the old session bound is found, one it never bound is made
+/// anew under the same id (and found and written by it), a BIND already done is answered
+/// again, and a name that holds another file is refused. Nothing outside changes.
+#[test]
+fn a_bind_sent_again_in_a_new_session_finds_makes_or_refuses_the_file() {
+    let fx = Fixture::new(&[]);
+    let time = Timespec {
+        sec: 1_000_000_000,
+        nsec: 5,
+    };
+    let bind = |c: &Client, name: &str, node: NodeId| {
+        c.call(
+            ROOT_CALLER,
+            &Request::Bind {
+                parent: ROOT_NODE,
+                name: nm(name),
+                node,
+                mode: 0o660,
+                umask: 0o022,
+                time,
+            },
+        )
+    };
+    let made = |r: R, what: &str| match r {
+        Ok(Reply::Create { entry, .. }) => entry.node,
+        other => panic!("{what}: {}", errname(&other)),
+    };
+    let old = fx.client();
+    let spares = match old.call(
+        ROOT_CALLER,
+        &Request::Spares {
+            parent: ROOT_NODE,
+            count: 2,
+        },
+    ) {
+        Ok(Reply::Spares(v)) if v.len() == 2 => v,
+        other => panic!("spares: {}", errname(&other)),
+    };
+    let (bound, unbound) = (spares[0].node, spares[1].node);
+    assert_eq!(made(bind(&old, "bound", bound), "first bind"), bound);
+    drop(old);
+
+    let c = fx.client();
+    assert_eq!(made(bind(&c, "bound", bound), "bound before"), bound);
+    assert_eq!(made(bind(&c, "again", unbound), "never bound"), unbound);
+    let host = fx.export.join("again");
+    let m = fs::metadata(&host).unwrap();
+    assert!(m.is_file());
+    assert_eq!(m.mode() & 0o7777, 0o640, "mode & !umask");
+    assert_eq!((m.mtime(), m.mtime_nsec()), (time.sec, 5));
+    assert_eq!(made(bind(&c, "again", unbound), "bound again"), unbound);
+    assert_eq!(c.lookup(ROOT_CALLER, ROOT_NODE, "again").node, unbound);
+    let write = Request::Write {
+        node: unbound,
+        fh: 0,
+        offset: 0,
+        data: nm("written by node\n"),
+    };
+    expect_ok(&c.call(ROOT_CALLER, &write), "write to the file made anew");
+    assert_eq!(fs::read(&host).unwrap(), b"written by node\n");
+    // Another file has the name: refused, whatever the id.
+    let export_before = fx.export_snapshot();
+    for node in [unbound + 1_000_003, ino_of(&fx.outside.join("secret"))] {
+        expect_err(&bind(&c, "f", node), WireErrno::EEXIST, "bind over f");
+    }
+    assert_same("the export", &export_before, &fx.export_snapshot());
+    drop(c);
+    fx.finish();
+}
+
+fn ino_of(p: &Path) -> u64 {
+    fs::symlink_metadata(p).unwrap().ino()
+}
+
 #[test]
 fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
     let fx = Fixture::new(&[]);

@@ -368,20 +368,13 @@ fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_t
     }
 }
 
-/// A name the host takes while the server is stopped, created in the guest meanwhile: the
-/// creation is answered with a spare (the guest's kernel could not know), BIND then fails,
-/// fsync() reports EEXIST, and the guest sees the host's file, not its own.
-#[test]
-fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_file() {
-    require_mount!();
-    if skipped_with_the_writeback_cache() {
-        return;
-    }
-    let t = TestMount::start_with(&[], &["--create-behind"]);
+/// Makes directory `d` in the mount with spares at hand for it, then stops the server
+/// (SIGSTOP). Returns the directory, and what continues the server when dropped.
+fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, Resume) {
     let dir = t.mnt.join("d");
     fs::create_dir(&dir).unwrap();
-    // Warm up: the first creations ask for spares; wait until they came and the last
-    // creation's BIND is answered.
+    // The first creations ask for spares: wait until they came and the last creation's
+    // BIND is answered.
     for i in 0..4 {
         fs::write(dir.join(format!("warm{i}")), b"w").unwrap();
     }
@@ -392,9 +385,22 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
     // have it do so now, while the server still answers.
     let _ = fs::metadata(dir.join("x"));
     let server = t.server.child.id() as i32;
-    // SAFETY: signalling our own child; it is continued below, or by Resume's Drop.
+    // SAFETY: signalling our own child; Resume's Drop continues it.
     unsafe { libc::kill(server, libc::SIGSTOP) };
-    let resume = Resume(server);
+    (dir, Resume(server))
+}
+
+/// A name the host takes while the server is stopped, created in the guest meanwhile: the
+/// creation is answered with a spare (the guest's kernel could not know), BIND then fails,
+/// fsync() reports EEXIST, and the guest sees the host's file, not its own.
+#[test]
+fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_file() {
+    require_mount!();
+    if skipped_with_the_writeback_cache() {
+        return;
+    }
+    let t = TestMount::start_with(&[], &["--create-behind"]);
+    let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
     fs::write(t.export.join("d/y"), b"the host's\n").unwrap();
     let before = write_behind_count(&t.mnt, "file creations answered");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -429,5 +435,63 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
         "the guest sees the host's file",
         Duration::from_secs(5),
         || fs::read(dir.join("y")).ok().as_deref() == Some(b"the host's\n"),
+    );
+}
+
+/// A creation answered with a spare file while the server was stopped, which was then
+/// killed before it named the file (its spare went with it): the reconnect makes the file
+/// anew under the node id the guest's kernel holds, the write answered early reaches it,
+/// and the file the guest still has open goes on working.
+#[test]
+fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
+    use std::io::Write;
+    require_mount!();
+    if skipped_with_the_writeback_cache() {
+        return;
+    }
+    let mut t = TestMount::start_with(&[], &["--create-behind"]);
+    let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
+    let before = write_behind_count(&t.mnt, "file creations answered");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.join("y");
+    let writer = std::thread::spawn(move || {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"before the restart\n").unwrap();
+        tx.send(()).unwrap();
+        f
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the creation or the write waited for the stopped server");
+    assert_eq!(
+        write_behind_count(&t.mnt, "file creations answered"),
+        before + 1
+    );
+    // Killed while stopped: neither the BIND nor the write was executed.
+    std::mem::forget(resume);
+    t.server.stop_with(libc::SIGKILL);
+    assert!(!t.export.join("d/y").exists());
+    let address = t.server.address.clone();
+    t.server = common::Server::start(&t.export, &address, &[]);
+    let mut f = writer.join().unwrap();
+    f.write_all(b"after it\n").unwrap();
+    f.sync_all().expect("fsync of the file made again");
+    drop(f);
+    let want = b"before the restart\nafter it\n";
+    assert_eq!(fs::read(t.export.join("d/y")).unwrap(), want);
+    assert_eq!(fs::read(dir.join("y")).unwrap(), want);
+    assert_eq!(write_behind_count(&t.mnt, "of those failed there"), 0);
+    // By the reconnect's restore, before the write waiting for it was sent again.
+    assert_eq!(
+        write_behind_count(&t.mnt, "named again after a reconnect"),
+        1
+    );
+    assert!(
+        common::status(&t.mnt).contains("connection: up (1 reconnects"),
+        "{}",
+        common::status(&t.mnt)
     );
 }

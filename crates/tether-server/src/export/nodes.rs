@@ -295,9 +295,10 @@ impl NodeTable {
         name: CString,
     ) -> (Arc<Node>, bool) {
         let mut id = self.id_for(st.st_dev, st.st_ino);
-        // A held node whose descriptor was evicted may be an older file with this number.
+        // A held node whose descriptor was evicted may be an older file with this number,
+        // and one with another inode number holds it as a stand-in (`remember_unnamed_as`).
         let held = self.nodes.get(&id).map(|n| n.clone());
-        if let Some(old) = held.filter(|n| !n.has_fd()) {
+        if let Some(old) = held.filter(|n| !n.has_fd() || n.ino != st.st_ino) {
             if !old.same_file(st, birth) {
                 id = self.reassign(st.st_dev, st.st_ino, id);
             }
@@ -345,6 +346,28 @@ impl NodeTable {
         node.lookups.store(1, Ordering::Relaxed);
         self.nodes.insert(id, node.clone());
         node
+    }
+
+    /// Records a new unnamed file as node `id`, which the client holds already from an
+    /// earlier session (a spare whose BIND that session never executed): from now on the
+    /// file's inode is known by that id. None if `id` is a node of this session.
+    pub fn remember_unnamed_as(
+        &self,
+        id: NodeId,
+        (st, birth): (&libc::stat, Option<(i64, u32)>),
+    ) -> Option<Arc<Node>> {
+        if id == ROOT_NODE || id == 0 {
+            return None;
+        }
+        let dashmap::mapref::entry::Entry::Vacant(slot) = self.nodes.entry(id) else {
+            return None;
+        };
+        self.any_reused.store(true, Ordering::Relaxed);
+        self.foreign.insert((st.st_dev, st.st_ino), id);
+        let node = Arc::new(self.new_node(id, st, birth));
+        node.lookups.store(1, Ordering::Relaxed);
+        slot.insert(node.clone());
+        Some(node)
     }
 
     fn new_node(&self, id: NodeId, st: &libc::stat, birth: Option<(i64, u32)>) -> Node {

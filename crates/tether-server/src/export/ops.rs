@@ -91,6 +91,9 @@ impl WriteFd {
 /// also at most an eighth of the export's node descriptors.
 const MAX_SPARES: usize = 256;
 
+/// A file made without a name: its descriptor, status and birth time.
+type Unnamed = (OwnedFd, libc::stat, Option<(i64, u32)>);
+
 /// Checks a single path component from the guest.
 fn component(name: &[u8]) -> SysResult<CString> {
     if !tether_proto::is_component(name) {
@@ -499,21 +502,11 @@ impl ExportFs {
         }
         let mut made = Vec::new();
         for _ in 0..(count as usize).min(room) {
-            let file = self.as_caller(caller, || {
-                // The permissions most files get (BIND sets others); not O_EXCL, so that it
-                // can be linked.
-                let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
-                sys::openat(pfd.as_fd(), c".", flags, 0o644)
-            });
-            let file = match file {
-                Ok(f) => f,
+            let (file, st, birth) = match self.make_unnamed(caller, &pfd) {
+                Ok(made) => made,
                 Err(e) if made.is_empty() => return Err(e),
                 Err(_) => break,
             };
-            let (st, birth) = sys::fstat_born(file.as_fd())?;
-            if let Some(w) = &self.watcher {
-                w.made_unnamed(st.st_ino);
-            }
             let node = self.nodes.remember_unnamed((&st, birth));
             self.spares.insert(node.id, Arc::new(file));
             made.push(Entry {
@@ -526,7 +519,78 @@ impl ExportFs {
         Ok(Reply::Spares(made))
     }
 
-    /// BIND: gives spare `node` permissions `perm`, access and modification times `time`,
+    /// A regular file with no name in directory `pfd`, made as the caller would make a file
+    /// there, with its status and birth time. Its events are this session's own.
+    fn make_unnamed(&self, caller: Caller, pfd: &OwnedFd) -> SysResult<Unnamed> {
+        let file = self.as_caller(caller, || {
+            // The permissions most files get (BIND sets others); not O_EXCL, so that it can
+            // be linked.
+            let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
+            sys::openat(pfd.as_fd(), c".", flags, 0o644)
+        })?;
+        let (st, birth) = sys::fstat_born(file.as_fd())?;
+        if let Some(w) = &self.watcher {
+            w.made_unnamed(st.st_ino);
+        }
+        Ok((file, st, birth))
+    }
+
+    /// BIND. A node that is not a spare of this session is one the client took from an
+    /// earlier session's spares, its BIND sent again after a reconnect (protocol.md §17):
+    /// - a node of this session already (the reconnect's restore bound it): done;
+    /// - `name` holds it (the earlier session executed the BIND): that file, counted once;
+    /// - `name` is free: a new spare stands in for it under its id, and is bound;
+    /// - `name` holds another file: EEXIST.
+    fn bind(
+        &self,
+        caller: Caller,
+        parent: NodeId,
+        name: &[u8],
+        node: NodeId,
+        perm: u32,
+        time: tether_proto::Timespec,
+    ) -> SysResult<Reply> {
+        if self.spares.contains_key(&node) {
+            return self.bind_spare(caller, parent, name, node, perm, time);
+        }
+        let cname = component(name)?;
+        let pfd = self.dir_fd(parent)?;
+        if let Ok(held) = self.nodes.get(node) {
+            let st = sys::fstat(self.nodes.fd(&held)?.as_fd())?;
+            let entry = Entry {
+                node,
+                generation: held.generation,
+                flags: entry_flags::NEW_FILE,
+                attr: self.attr_of(&st, node),
+            };
+            return Ok(self.created(entry, 0, parent, &pfd));
+        }
+        match sys::fstatat_nofollow(pfd.as_fd(), &cname) {
+            Ok(st) if self.nodes.id_for(st.st_dev, st.st_ino) == node => {
+                let named = sys::open_path(pfd.as_fd(), &cname)?;
+                // Its one lookup is the one SPARES counted in the earlier session.
+                let mut entry = self.entry_of(parent, named, cname)?;
+                entry.flags |= entry_flags::NEW_FILE;
+                return Ok(self.created(entry, 0, parent, &pfd));
+            }
+            Ok(_) => return Err(WireErrno::EEXIST),
+            Err(WireErrno::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        let (file, st, birth) = self.make_unnamed(caller, &pfd)?;
+        if self.nodes.remember_unnamed_as(node, (&st, birth)).is_none() {
+            return Err(WireErrno::ESTALE);
+        }
+        self.spares.insert(node, Arc::new(file));
+        let bound = self.bind_spare(caller, parent, name, node, perm, time);
+        if bound.is_err() {
+            self.spares.remove(&node);
+            self.nodes.forget(node, 1);
+        }
+        bound
+    }
+
+    /// BIND of a spare: gives spare `node` permissions `perm`, access and modification times `time`,
     /// and the group a file made in `parent` would have (a spare may come from another
     /// directory of the file system, one without set-group-ID), then links it into `parent`
     /// as `name` (EEXIST if the name is taken). Answered as a creation; the lookup the
@@ -1043,7 +1107,7 @@ impl ExportFs {
                 mode,
                 umask,
                 time,
-            } => self.bind_spare(caller, parent, &name, node, mode & 0o7777 & !umask, time),
+            } => self.bind(caller, parent, &name, node, mode & 0o7777 & !umask, time),
             Read { .. } => Err(WireErrno::EINVAL),
             Write {
                 node,
