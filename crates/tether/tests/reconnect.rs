@@ -316,7 +316,7 @@ fn a_build_completes_across_server_restarts() {
         .unwrap();
     let mut restarts_during_build = 0;
     let outcome = loop {
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(250));
         if let Some(status) = build.try_wait().unwrap() {
             break status;
         }
