@@ -1,7 +1,7 @@
 //! What a reconnect must re-create on the new server session: every node the kernel holds
 //! (found again by the name it was last seen under, and kept only if it is still the same
-//! file) and every open handle (opened again under the number the kernel knows). See
-//! protocol.md §15.
+//! file, or bound again if it was a spare file whose BIND had no reply) and every open
+//! handle (opened again under the number the kernel knows). See protocol.md §15.
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -62,6 +62,7 @@ pub struct Known {
     /// collision only loses track of a renamed node (it is then lost at a reconnect).
     by_name: DashMap<(NodeId, u64), NodeId>,
     handles: DashMap<HandleId, OpenHandle>,
+    /// Creations answered with spare files whose BIND has no reply yet.
     bindings: DashMap<NodeId, Binding>,
 }
 

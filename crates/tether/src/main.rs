@@ -525,7 +525,7 @@ fn run(cmd: Command) -> Result<()> {
             let mp = mountpoint.clone();
             thread::spawn(move || {
                 for _ in signals.forever() {
-                    if let Err(e) = unmounter.unmount() {
+                    if let Err(e) = unmount_soon(&mut unmounter) {
                         eprintln!(
                             "tether: cannot unmount {}: {e} (files still open?)",
                             mp.display()
@@ -590,5 +590,21 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
+    }
+}
+
+/// Unmounts for SIGINT or SIGTERM. A file closed a moment ago, or a directory one of the
+/// client's own helpers is reading, makes the kernel refuse with EBUSY for that moment:
+/// tries again for up to a second before saying the mount is busy.
+fn unmount_soon(unmounter: &mut tether_client::mount::Unmounter) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match unmounter.unmount() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
+                tries += 1;
+                thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
     }
 }

@@ -41,6 +41,27 @@ fn sigterm_unmounts_cleanly() {
     assert_eq!(fs::read(t.export.join("x")).unwrap(), b"x");
 }
 
+/// A file still open for a moment after SIGTERM (a process finishing as the mount is
+/// stopped): the client tries the unmount again meanwhile, then exits cleanly. (Until it
+/// did, a SIGTERM that met a moment's EBUSY left the mount running.)
+#[test]
+fn sigterm_while_a_file_is_open_for_a_moment_still_unmounts() {
+    require_mount!();
+    let mut t = TestMount::start();
+    let f = fs::File::create(t.mnt.join("x")).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(t.mount.child.id() as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(common::is_mounted(&t.mnt), "unmounted with a file open");
+    drop(f);
+    wait_until("the client exits", || {
+        matches!(t.mount.child.try_wait(), Ok(Some(_)))
+    });
+    let status = t.mount.child.wait().unwrap();
+    assert!(status.success(), "mount exited with {status}");
+    assert!(!common::is_mounted(&t.mnt));
+}
+
 #[test]
 fn unmount_with_files_open_says_why_and_lazy_detaches() {
     require_mount!();

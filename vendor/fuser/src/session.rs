@@ -607,10 +607,15 @@ pub struct SessionUnmounter {
 }
 
 impl SessionUnmounter {
-    /// Unmount the filesystem
+    /// Unmount the filesystem. If the kernel refuses (EBUSY: files open), the mount is
+    /// kept, so that a later call can try again.
     pub fn unmount(&mut self) -> io::Result<()> {
-        if let Some(mount) = std::mem::take(&mut *self.mount.lock()) {
-            mount.umount()?;
+        let mut slot = self.mount.lock();
+        if let Some(mount) = slot.take() {
+            if let Err((mount, e)) = mount.try_umount() {
+                *slot = Some(mount);
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -143,6 +143,21 @@ impl Mount {
         }
     }
 
+    /// Like [`Mount::umount`], but gives the mount back when the unmount fails.
+    pub(crate) fn try_umount(mut self) -> Result<(), (Mount, io::Error)> {
+        let Some(mount) = self.mount_impl.as_mut() else {
+            return Ok(());
+        };
+        info!("Unmounting {}", self.mount_point.display());
+        match mount.umount_impl() {
+            Ok(()) => {
+                self.mount_impl = None;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
     pub(crate) fn umount(mut self) -> io::Result<()> {
         match self.mount_impl.take() {
             Some(mut mount) => {
