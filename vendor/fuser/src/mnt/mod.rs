@@ -158,14 +158,12 @@ impl Mount {
         }
     }
 
-    pub(crate) fn umount(mut self) -> io::Result<()> {
-        match self.mount_impl.take() {
-            Some(mut mount) => {
-                info!("Unmounting {}", self.mount_point.display());
-                mount.umount_impl()
-            }
-            None => Ok(()),
-        }
+    /// Unmounts; a failed unmount is not tried again when the mount is dropped.
+    pub(crate) fn umount(self) -> io::Result<()> {
+        self.try_umount().map_err(|(mut mount, e)| {
+            mount.mount_impl = None;
+            e
+        })
     }
 }
 
