@@ -390,6 +390,33 @@ fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, Re
     (dir, Resume(server))
 }
 
+/// Opens `path` with `open` (a creation) and writes `data` to it on a thread of its own,
+/// while the server is stopped: returns once both were answered with a spare file and
+/// early, with the thread, which returns the file.
+fn create_and_write_early(
+    t: &TestMount,
+    open: OpenOptions,
+    path: &Path,
+    data: &'static [u8],
+) -> std::thread::JoinHandle<File> {
+    let before = write_behind_count(&t.mnt, "file creations answered");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_path_buf();
+    let writer = std::thread::spawn(move || {
+        let mut f = open.open(&path).unwrap();
+        std::io::Write::write_all(&mut f, data).unwrap();
+        tx.send(()).unwrap();
+        f
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the creation or the write waited for the stopped server");
+    assert_eq!(
+        write_behind_count(&t.mnt, "file creations answered"),
+        before + 1
+    );
+    writer
+}
+
 /// A name the host takes while the server is stopped, created in the guest meanwhile: the
 /// creation is answered with a spare (the guest's kernel could not know), BIND then fails,
 /// fsync() reports EEXIST, and the guest sees the host's file, not its own.
@@ -402,26 +429,9 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
     let t = TestMount::start_with(&[], &["--create-behind"]);
     let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
     fs::write(t.export.join("d/y"), b"the host's\n").unwrap();
-    let before = write_behind_count(&t.mnt, "file creations answered");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = dir.join("y");
-    let writer = std::thread::spawn(move || {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::io::Write::write_all(&mut f, b"the guest's\n").unwrap();
-        tx.send(()).unwrap();
-        f
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("the creation waited for the stopped server");
-    assert_eq!(
-        write_behind_count(&t.mnt, "file creations answered"),
-        before + 1
-    );
+    let mut open = OpenOptions::new();
+    open.write(true).create(true).truncate(true);
+    let writer = create_and_write_early(&t, open, &dir.join("y"), b"the guest's\n");
     drop(resume);
     let f = writer.join().unwrap();
     let err = f
@@ -451,25 +461,9 @@ fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
     }
     let mut t = TestMount::start_with(&[], &["--create-behind"]);
     let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
-    let before = write_behind_count(&t.mnt, "file creations answered");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = dir.join("y");
-    let writer = std::thread::spawn(move || {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        f.write_all(b"before the restart\n").unwrap();
-        tx.send(()).unwrap();
-        f
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("the creation or the write waited for the stopped server");
-    assert_eq!(
-        write_behind_count(&t.mnt, "file creations answered"),
-        before + 1
-    );
+    let mut open = OpenOptions::new();
+    open.write(true).create_new(true);
+    let writer = create_and_write_early(&t, open, &dir.join("y"), b"before the restart\n");
     // Killed while stopped: neither the BIND nor the write was executed.
     std::mem::forget(resume);
     t.server.stop_with(libc::SIGKILL);
