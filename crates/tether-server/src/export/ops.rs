@@ -550,11 +550,11 @@ impl ExportFs {
         perm: u32,
         time: tether_proto::Timespec,
     ) -> SysResult<Reply> {
-        if self.spares.contains_key(&node) {
-            return self.bind_spare(caller, parent, name, node, perm, time);
-        }
         let cname = component(name)?;
         let pfd = self.dir_fd(parent)?;
+        if self.spares.contains_key(&node) {
+            return self.bind_spare(caller, (parent, &pfd, cname), node, perm, time);
+        }
         if let Ok(held) = self.nodes.get(node) {
             let st = sys::fstat(self.nodes.fd(&held)?.as_fd())?;
             let entry = Entry {
@@ -582,7 +582,7 @@ impl ExportFs {
             return Err(WireErrno::ESTALE);
         }
         self.spares.insert(node, Arc::new(file));
-        let bound = self.bind_spare(caller, parent, name, node, perm, time);
+        let bound = self.bind_spare(caller, (parent, &pfd, cname), node, perm, time);
         if bound.is_err() {
             self.spares.remove(&node);
             self.nodes.forget(node, 1);
@@ -590,26 +590,23 @@ impl ExportFs {
         bound
     }
 
-    /// BIND of a spare: gives spare `node` permissions `perm`, access and modification times `time`,
-    /// and the group a file made in `parent` would have (a spare may come from another
-    /// directory of the file system, one without set-group-ID), then links it into `parent`
-    /// as `name` (EEXIST if the name is taken). Answered as a creation; the lookup the
-    /// client holds on the node is the one SPARES counted.
+    /// BIND of a spare: gives spare `node` permissions `perm`, access and modification
+    /// times `time`, and the group a file made in directory `parent` (descriptor `pfd`)
+    /// would have (a spare may come from another directory of the file system, one without
+    /// set-group-ID), then links it there as `name` (EEXIST if the name is taken). Answered
+    /// as a creation; the lookup the client holds on the node is the one SPARES counted.
     fn bind_spare(
         &self,
         caller: Caller,
-        parent: NodeId,
-        name: &[u8],
+        (parent, pfd, name): (NodeId, &OwnedFd, CString),
         node: NodeId,
         perm: u32,
         time: tether_proto::Timespec,
     ) -> SysResult<Reply> {
-        let name = component(name)?;
         let spare = self.spares.get(&node).map(|f| f.clone());
         let (Some(file), Ok(n)) = (spare, self.nodes.get(node)) else {
             return Err(WireErrno::ESTALE);
         };
-        let pfd = self.dir_fd(parent)?;
         // The permissions, group and times first, through the unnamed file's own
         // descriptor: its events name it "#INO" and are dropped as this session's
         // (`Watcher::made_unnamed`), so the host and other guests hear only the creation.
@@ -643,7 +640,7 @@ impl ExportFs {
         self.own_change(&n, file.as_fd(), set_attributes, |before, _| before)?;
         let expect = [(parent, name.as_bytes(), NameChange::Created)];
         self.own_names(&expect, &[Some((n.clone(), file.clone()))], || {
-            self.as_caller(caller, || self.link_at(&file, &pfd, &name))
+            self.as_caller(caller, || self.link_at(&file, pfd, &name))
         })?;
         self.spares.remove(&node);
         // Found by its name: the node's descriptor and location from now on.
@@ -657,7 +654,7 @@ impl ExportFs {
         // entry_of counted a lookup the client does not add: SPARES counted its one.
         self.nodes.forget(node, 1);
         entry.flags |= entry_flags::NEW_FILE;
-        Ok(self.created(entry, 0, parent, &pfd))
+        Ok(self.created(entry, 0, parent, pfd))
     }
 
     /// The reply to a creation of `entry` in `parent` (descriptor `pfd`), with handle `fh`:
