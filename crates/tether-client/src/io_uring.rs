@@ -14,10 +14,12 @@ use crate::coherence::Coherence;
 /// The fuse module's switch: the kernel offers io_uring at FUSE_INIT only while it is on.
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
-/// Ring entries per CPU at first, and added each time nearly all hold a request (a blocked
-/// lock waiter holds one until it is granted). Each has a payload buffer of the largest
-/// request (1 MiB), touched only as far as requests use it.
-pub const DEPTH: u16 = 8;
+/// Ring entries per CPU, all registered at the start (vendor/fuser/src/uring.rs says why):
+/// a blocked lock waiter holds one until it is granted, so this many waiters on one CPU
+/// hold up that CPU's other requests. Each has a payload buffer of the largest request
+/// (1 MiB): address space only, touched as far as requests use it, and the kernel hands
+/// out the entry freed last first.
+pub const DEPTH: u16 = 256;
 
 /// Makes the kernel offer io_uring (turning the module parameter on, which only lets FUSE
 /// servers that ask use it); returns the ring entries per CPU.

@@ -119,14 +119,17 @@ enum Command {
         write_behind: bool,
         /// Experimental, implies --write-behind: also answer a file creation with a file
         /// the server made ahead, named on the way (creating a tree 1.6-2.3x faster). A
-        /// creation still on its way when the connection is lost (a server restart) fails:
-        /// the file is gone, and only a later write() or fsync() of it reports it
-        /// (docs/coherence.md, "Create-behind").
+        /// creation still on its way when the connection is lost (a server restart) is made
+        /// again by the reconnect; one the server refuses (the host took the name) fails
+        /// the file's next write() or fsync() (docs/coherence.md, "Create-behind").
         #[arg(long)]
         create_behind: bool,
         /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
         /// later), one queue per CPU, so that a request is served on the CPU that made it.
         /// Needs root; turns on the fuse module's `enable_uring` parameter if it is off.
+        /// Each queue has 256 entries (1 MiB of address space each, memory only as used);
+        /// a process blocked waiting for a lock holds one, so more than 256 such waiters on
+        /// one CPU hold up that CPU's other requests.
         #[arg(long)]
         io_uring: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults

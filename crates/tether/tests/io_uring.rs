@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{poll_until, status, wait_until, TestMount};
+use common::{status, wait_until, TestMount};
 
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -127,15 +127,70 @@ fn on_cpu0(program: &str) -> Command {
     c
 }
 
-fn kill_all(children: &mut [Child]) {
-    for c in children.iter_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
+/// Where process `pid` sleeps in the kernel.
+fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+/// Whether process `pid` sleeps waiting for the answer to a FUSE request.
+fn waits_in_fuse(pid: u32) -> bool {
+    wchan(pid) == "request_wait_answer"
+}
+
+/// Whether process `pid` sleeps opening a FIFO no one writes to yet.
+fn waits_for_a_fifo(pid: u32) -> bool {
+    wchan(pid) == "wait_for_partner"
+}
+
+fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(r, 0, "mkfifo: {}", std::io::Error::last_os_error());
+}
+
+/// Processes killed (and reaped) when this is dropped, however the test ends: a waiter
+/// left blocked on the mount would keep it busy.
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
+/// Starves the thread serving CPU 0's ring queue in the mount process: it is scheduled
+/// only when CPU 0 has nothing else to run, and a process keeps CPU 0 busy until this is
+/// dropped.
+fn starve_queue_thread_of_cpu0(mount: &common::Mount) -> Killed {
+    let pid = mount.child.id();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let queue_thread = tasks
+        .filter_map(|t| t.ok())
+        .find(|t| {
+            let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+            read("comm").trim() == "fuser-uring"
+                && read("status")
+                    .lines()
+                    .any(|l| l.split_whitespace().eq(["Cpus_allowed_list:", "0"]))
+        })
+        .and_then(|t| t.file_name().to_str()?.parse::<i32>().ok())
+        .expect("the mount has a ring thread pinned to CPU 0");
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain system call on a thread id with a valid parameter block.
+    let r = unsafe { libc::sched_setscheduler(queue_thread, libc::SCHED_IDLE, &param) };
+    assert_eq!(r, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
+    Killed(vec![on_cpu0("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap()])
+}
+
 #[test]
-fn more_blocked_lock_waiters_than_a_queue_starts_with_leave_its_cpu_served() {
+fn lock_waiters_that_come_all_at_once_leave_their_cpu_served() {
     require_uring!();
     if let Some(p) = common::first_missing(&[&["taskset", "-V"], &["flock", "-V"]]) {
         eprintln!("SKIPPED: {p} (util-linux) is not installed");
@@ -148,52 +203,51 @@ fn more_blocked_lock_waiters_than_a_queue_starts_with_leave_its_cpu_served() {
     // The host holds the lock until it is killed.
     // The holder is the process that holds the descriptor (killing `flock CMD` would
     // leave CMD holding it).
-    let mut host = Command::new("bash")
+    let host = Killed(vec![Command::new("bash")
         .arg("-c")
         .arg(format!(
             "exec 9>>'{}'; flock 9; exec sleep 600",
             t.export.join("lock").display()
         ))
         .spawn()
-        .unwrap();
+        .unwrap()]);
     std::thread::sleep(Duration::from_millis(200));
 
-    // 40 guest processes on CPU 0 wait for it: each holds a ring entry of CPU 0's queue,
-    // which starts with 8.
+    // 40 guest processes on CPU 0 open the file, then all ask for the lock at once, while
+    // the thread serving CPU 0's ring queue is starved: each request takes a ring entry
+    // and, blocked, holds it. A request that finds every entry busy waits in the kernel
+    // for the next commit, which blocked waiters never make.
     const WAITERS: usize = 40;
-    let mut waiters: Vec<Child> = (0..WAITERS)
-        .map(|_| {
-            on_cpu0("flock")
-                .arg(t.mnt.join("lock"))
-                .arg("true")
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let waiting = poll_until(Duration::from_secs(10), || {
-        status(&t.mnt)
-            .lines()
-            .find(|l| l.starts_with("requests sent:"))
-            .and_then(|l| {
-                l.split("SETLK ")
-                    .nth(1)?
-                    .split([',', ' '])
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
+    let go = t.dir.path().join("go");
+    make_fifo(&go);
+    let mut waiters = Killed(
+        (0..WAITERS)
+            .map(|_| {
+                on_cpu0("bash")
+                    .arg("-c")
+                    .arg(r#"exec 9<"$1"; : < "$2"; exec flock 9"#)
+                    .arg("waiter")
+                    .arg(t.mnt.join("lock"))
+                    .arg(&go)
+                    .spawn()
+                    .unwrap()
             })
-            .is_some_and(|n| n >= WAITERS)
-    });
-    if !waiting {
-        kill_all(&mut waiters);
-        let _ = host.kill();
-        panic!(
-            "the waiters' lock requests did not all reach the server:\n{}",
-            status(&t.mnt)
-        );
-    }
-    for w in waiters.iter_mut() {
+            .collect(),
+    );
+    wait_until(
+        "every waiter opened the file and waits to go",
+        Duration::from_secs(10),
+        || waiters.0.iter().all(|w| waits_for_a_fifo(w.id())),
+    );
+    let starved = starve_queue_thread_of_cpu0(&t.mount);
+    // Opening the FIFO for writing, then closing it, lets every waiter on.
+    drop(std::fs::OpenOptions::new().write(true).open(&go).unwrap());
+    wait_until(
+        "every waiter waits for the lock in a FUSE request",
+        Duration::from_secs(10),
+        || waiters.0.iter().all(|w| waits_in_fuse(w.id())),
+    );
+    for w in waiters.0.iter_mut() {
         assert!(
             matches!(w.try_wait(), Ok(None)),
             "a waiter got a lock the host holds"
@@ -201,38 +255,35 @@ fn more_blocked_lock_waiters_than_a_queue_starts_with_leave_its_cpu_served() {
     }
 
     // Another request from CPU 0 is still served.
-    let mut cat = on_cpu0("cat")
+    let mut cat = Killed(vec![on_cpu0("cat")
         .arg(t.mnt.join("other"))
         .stdout(Stdio::piped())
         .spawn()
-        .unwrap();
-    let served = poll_until(Duration::from_secs(5), || {
-        matches!(cat.try_wait(), Ok(Some(_)))
-    });
-    if !served {
-        kill_all(&mut waiters);
-        kill_all(std::slice::from_mut(&mut cat));
-        let _ = host.kill();
-        panic!("a read from CPU 0 waited behind the blocked lock waiters");
-    }
+        .unwrap()]);
+    wait_until(
+        "a read from CPU 0 is served while the lock waiters block",
+        Duration::from_secs(5),
+        || matches!(cat.0[0].try_wait(), Ok(Some(_))),
+    );
     let mut out = String::new();
-    cat.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let mut stdout = cat.0[0].stdout.take().unwrap();
+    stdout.read_to_string(&mut out).unwrap();
     assert_eq!(out, "still served\n");
+    drop(starved);
 
     // The host lets go: every waiter gets the lock in turn and ends.
-    host.kill().unwrap();
-    host.wait().unwrap();
+    drop(host);
     let deadline = Instant::now() + Duration::from_secs(20);
-    for w in waiters.iter_mut() {
+    for w in waiters.0.iter_mut() {
         loop {
             if let Some(status) = w.try_wait().unwrap() {
                 assert!(status.success(), "a waiter failed: {status}");
                 break;
             }
-            if Instant::now() > deadline {
-                kill_all(&mut waiters);
-                panic!("the waiters did not all get the lock after the host let go");
-            }
+            assert!(
+                Instant::now() < deadline,
+                "the waiters did not all get the lock after the host let go"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -8,7 +8,7 @@
 //! wake-ups across CPUs.
 //!
 //! Each queue owns `depth` ring entries: a header buffer (`fuse_uring_req_header`) and a
-//! payload buffer, registered with FUSE_IO_URING_CMD_REGISTER. A request arrives as the
+//! payload buffer, all registered with FUSE_IO_URING_CMD_REGISTER when the queue starts. A request arrives as the
 //! completion of an entry's command; its reply is written into the same buffers and handed
 //! back with FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also waits for the entry's next
 //! request. Only the queue's thread submits (the kernel copies requests into the buffers
@@ -41,10 +41,7 @@ const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `user_data` of the eventfd read that wakes a queue's thread.
 const WAKE: u64 = u64::MAX;
-/// Most entries a queue grows to. It starts with fewer and registers more while nearly all
-/// are in use: a blocked lock waiter holds its entry until the lock is granted, and a
-/// request that finds no free entry waits in the kernel, even for the release that would
-/// grant the lock.
+/// Most entries a queue has.
 const MAX_ENTRIES: usize = 256;
 /// Sizes of `struct fuse_in_header` and `struct fuse_out_header`.
 const IN_HEADER: usize = 40;
@@ -85,6 +82,22 @@ struct Entry {
     commit_id: AtomicU64,
 }
 
+impl Entry {
+    fn new(payload: usize) -> Entry {
+        Entry {
+            headers: UnsafeCell::new(Headers {
+                in_out: [0; 128],
+                op_in: [0; OP_IN],
+                ent: EntInOut::default(),
+            }),
+            // Zeroed allocations this large come from mmap: pages cost memory only once a
+            // request uses them.
+            payload: UnsafeCell::new(vec![0u8; payload].into_boxed_slice()),
+            commit_id: AtomicU64::new(0),
+        }
+    }
+}
+
 /// Requests served through the rings, and entries the kernel refused or lost.
 #[derive(Debug, Default)]
 pub struct UringStats {
@@ -108,11 +121,11 @@ impl std::fmt::Debug for Ring {
 /// A CPU's queue: its entries, and replies waiting to be committed.
 pub(crate) struct RingQueue {
     qid: u16,
-    /// Registered entries first; the rest are made when the queue grows.
-    entries: Box<[std::sync::OnceLock<Entry>]>,
-    /// Entries registered at the start and added at each growth.
-    depth: u16,
-    payload: usize,
+    /// All registered when the queue's thread starts. A request that finds every entry
+    /// busy waits in the kernel for the next commit (an entry registered later does not
+    /// take it), and a blocked lock waiter holds its entry until the lock is granted: with
+    /// fewer entries than waiters, a later request could wait for the lock's release.
+    entries: Box<[Entry]>,
     /// Entries whose reply is written, to commit.
     replied: Mutex<Vec<u16>>,
     /// Set while the queue's thread waits in the kernel: only then does a reply from
@@ -192,8 +205,7 @@ impl RingReply {
     /// Answers the entry's request with EIO: an entry never committed is lost to the
     /// queue, and its caller waits for good.
     pub(crate) fn fail(&self) {
-        let Some(entry) = self.queue.entries.get(self.entry as usize).and_then(|e| e.get())
-        else {
+        let Some(entry) = self.queue.entries.get(self.entry as usize) else {
             return; // not an entry of ours: no request to answer
         };
         // SAFETY: as in `send`: the entry's buffers are this request's until its commit.
@@ -226,22 +238,12 @@ impl std::fmt::Debug for RingQueue {
 
 impl RingQueue {
     fn entry(&self, i: u16) -> &Entry {
-        self.entries[i as usize].get().expect("a registered entry")
+        &self.entries[i as usize]
     }
 
-    /// Makes entry `i` (its buffers) and the iovecs that register it.
-    fn make_entry(&self, i: usize) -> Box<[libc::iovec; 2]> {
-        let e = self.entries[i].get_or_init(|| Entry {
-            headers: UnsafeCell::new(Headers {
-                in_out: [0; 128],
-                op_in: [0; OP_IN],
-                ent: EntInOut::default(),
-            }),
-            // Zeroed allocations this large come from mmap: pages cost memory only once a
-            // request uses them.
-            payload: UnsafeCell::new(vec![0u8; self.payload].into_boxed_slice()),
-            commit_id: AtomicU64::new(0),
-        });
+    /// The iovecs that register entry `i`'s buffers.
+    fn iovecs_of(&self, i: usize) -> Box<[libc::iovec; 2]> {
+        let e = &self.entries[i];
         // SAFETY: only the address is taken; the kernel owns the buffer from REGISTER on.
         let payload = unsafe { &mut *e.payload.get() };
         Box::new([
@@ -296,8 +298,8 @@ pub(crate) fn make_queues(
     for qid in 0..cpus {
         // Room for a command per entry and the eventfd read.
         let ring = IoUring::<squeue::Entry128>::builder()
-            .setup_cqsize(2 * (MAX_ENTRIES as u32 + 1))
-            .build(MAX_ENTRIES as u32 + 1)?;
+            .setup_cqsize(2 * (depth as u32 + 1))
+            .build(depth as u32 + 1)?;
         // SAFETY: eventfd has no memory preconditions.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -305,9 +307,7 @@ pub(crate) fn make_queues(
         }
         let queue = Arc::new(RingQueue {
             qid: qid as u16,
-            entries: (0..MAX_ENTRIES).map(|_| std::sync::OnceLock::new()).collect(),
-            depth,
-            payload,
+            entries: (0..depth).map(|_| Entry::new(payload)).collect(),
             replied: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             wake_buf: UnsafeCell::new([0; 8]),
@@ -403,39 +403,26 @@ fn serve_until_ended(
     unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(q))?;
     // The iovecs of the REGISTERs: the kernel reads them when it takes the command, which
     // an interrupted submission may put off.
-    let mut iovecs: Vec<Box<[libc::iovec; 2]>> = Vec::new();
-    let mut registered = 0usize;
+    let iovecs: Vec<Box<[libc::iovec; 2]>> = (0..q.entries.len()).map(|i| q.iovecs_of(i)).collect();
+    {
+        let mut sq = ring.submission();
+        for (i, iov) in iovecs.iter().enumerate() {
+            // SAFETY: the buffers live as long as the queue (held by `q`), the iovecs as
+            // long as this function.
+            unsafe { sq.push(&command(dev, q, i as u16, CMD_REGISTER, Some(iov))) }
+                .map_err(|_| sq_full(q))?;
+        }
+    }
     let mut buf: Vec<u8> = Vec::new();
     let mut ready: Vec<(u64, i32)> = Vec::new();
-    // Requests handed to the file system and not replied to yet.
-    let mut in_flight = 0usize;
     loop {
         if q.stop.load(Ordering::SeqCst) {
             return Ok(());
-        }
-        // Grow while fewer than half a depth of entries are free. A new entry only takes
-        // requests that come after it: one the kernel queued while every entry was busy
-        // waits for the next commit, which lock waiters holding all the others would not
-        // make. So grow well before the queue is full.
-        let free = registered - in_flight;
-        if registered == 0 || (free <= q.depth as usize / 2 && registered < MAX_ENTRIES) {
-            let more = (q.depth as usize).min(MAX_ENTRIES - registered);
-            let mut sq = ring.submission();
-            for i in registered..registered + more {
-                let iov = q.make_entry(i);
-                // SAFETY: the buffers live as long as the queue (held by `q`), the iovecs
-                // as long as this function.
-                unsafe { sq.push(&command(dev, q, i as u16, CMD_REGISTER, Some(&iov))) }
-                    .map_err(|_| sq_full(q))?;
-                iovecs.push(iov);
-            }
-            registered += more;
         }
         // Announce the wait, then look once more: a reply queued before the announcement
         // is committed now, one queued after it wakes the thread.
         q.sleeping.store(true, Ordering::SeqCst);
         let replied = std::mem::take(&mut *q.replied.lock());
-        in_flight -= replied.len();
         {
             let mut sq = ring.submission();
             for e in replied {
@@ -483,12 +470,10 @@ fn serve_until_ended(
                 warn!("io_uring queue {}: entry {entry}: malformed request", q.qid);
                 stats.failed.fetch_add(1, Ordering::Relaxed);
                 // Answered all the same, or its caller would wait for good.
-                in_flight += 1;
                 route.fail();
                 continue;
             };
             stats.requests.fetch_add(1, Ordering::Relaxed);
-            in_flight += 1;
             dispatch(request, route);
         }
         if ended {
@@ -505,7 +490,7 @@ fn sq_full(q: &RingQueue) -> io::Error {
 /// The request in `entry`, laid out as `/dev/fuse` delivers it (in_header, the opcode's
 /// arguments, the payload), in `buf`.
 fn request_of<'b>(q: &RingQueue, entry: u16, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
-    let e = q.entries.get(entry as usize)?.get()?;
+    let e = q.entries.get(entry as usize)?;
     // SAFETY: the kernel completed the entry's command: its buffers hold a request and
     // nobody else uses them until the reply.
     let (headers, payload) = unsafe { (&*e.headers.get(), &*e.payload.get()) };

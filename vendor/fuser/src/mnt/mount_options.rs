@@ -19,8 +19,8 @@ pub struct Config {
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
     /// Serve requests through FUSE over io_uring when the kernel offers it (Linux 6.14+,
-    /// `/sys/module/fuse/parameters/enable_uring`): this many ring entries per CPU at
-    /// first (more as needed); 0 for `/dev/fuse` only. Added for Tether (uring.rs).
+    /// `/sys/module/fuse/parameters/enable_uring`): this many ring entries per CPU
+    /// (at most 256); 0 for `/dev/fuse` only. Added for Tether (uring.rs).
     pub io_uring_depth: u16,
 }
 
