@@ -8,13 +8,13 @@
 //! wake-ups across CPUs.
 //!
 //! Each queue owns `depth` ring entries: a header buffer (`fuse_uring_req_header`) and a
-//! payload buffer, all registered with FUSE_IO_URING_CMD_REGISTER when the queue starts. A request arrives as the
-//! completion of an entry's command; its reply is written into the same buffers and handed
-//! back with FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also waits for the entry's next
-//! request. Only the queue's thread submits (the kernel copies requests into the buffers
-//! in the submitter's context); a reply made on another thread is queued and the queue's
-//! thread woken through an eventfd. Notifications, FORGET and INTERRUPT still use
-//! `/dev/fuse`.
+//! payload buffer, all registered with FUSE_IO_URING_CMD_REGISTER when the queue starts.
+//! A request arrives as the completion of an entry's command; its reply is written into
+//! the same buffers and handed back with FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also
+//! waits for the entry's next request. Only the queue's thread submits (the kernel copies
+//! requests into the buffers in the submitter's context); a reply made on another thread
+//! is queued and the queue's thread woken through an eventfd. Notifications, FORGET and
+//! INTERRUPT still use `/dev/fuse`.
 
 use std::cell::UnsafeCell;
 use std::io;
@@ -403,7 +403,8 @@ fn serve_until_ended(
     unsafe { ring.submission().push(&wake_read()) }.map_err(|_| sq_full(q))?;
     // The iovecs of the REGISTERs: the kernel reads them when it takes the command, which
     // an interrupted submission may put off.
-    let iovecs: Vec<Box<[libc::iovec; 2]>> = (0..q.entries.len()).map(|i| q.iovecs_of(i)).collect();
+    let iovecs: Vec<Box<[libc::iovec; 2]>> =
+        (0..q.entries.len()).map(|i| q.iovecs_of(i)).collect();
     {
         let mut sq = ring.submission();
         for (i, iov) in iovecs.iter().enumerate() {
