@@ -28,6 +28,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Waits (at most 10 s) until every waiter sleeps in kernel function $1; prints how many do.
+waiters_sleeping_in() {
+  local n=0
+  for _ in $(seq 100); do
+    n=0
+    for w in "${waiters[@]}"; do
+      [ "$(cat /proc/$w/wchan 2>/dev/null)" = "$1" ] && n=$((n + 1))
+    done
+    [ "$n" -ge "$WAITERS" ] && break
+    sleep 0.1
+  done
+  echo "$n"
+}
+
 for run in $(seq "$RUNS"); do
   rm -rf "$work"/* && mkdir "$work/export" "$work/mnt"
   pids=()
@@ -48,14 +62,7 @@ for run in $(seq "$RUNS"); do
     waiters+=($!)
   done
   pids+=("${waiters[@]}")
-  for _ in $(seq 100); do
-    at_fifo=0
-    for w in "${waiters[@]}"; do
-      [ "$(cat /proc/$w/wchan 2>/dev/null)" = wait_for_partner ] && at_fifo=$((at_fifo + 1))
-    done
-    [ "$at_fifo" -ge "$WAITERS" ] && break
-    sleep 0.1
-  done
+  waiters_sleeping_in wait_for_partner >/dev/null
   for t in /proc/$mount_pid/task/*; do
     if [ "$(cat "$t/comm")" = fuser-uring ] && grep -q "Cpus_allowed_list:.0$" "$t/status"; then
       chrt --idle -p 0 "$(basename "$t")"
@@ -63,15 +70,7 @@ for run in $(seq "$RUNS"); do
   done
   taskset -c 0 sh -c 'while :; do :; done' & pids+=($!)
   : >"$work/go"
-  blocked=0
-  for _ in $(seq 100); do
-    blocked=0
-    for w in "${waiters[@]}"; do
-      [ "$(cat /proc/$w/wchan 2>/dev/null)" = request_wait_answer ] && blocked=$((blocked + 1))
-    done
-    [ "$blocked" -ge "$WAITERS" ] && break
-    sleep 0.1
-  done
+  blocked=$(waiters_sleeping_in request_wait_answer)
   start=$(date +%s.%N)
   if timeout 20 taskset -c 0 cat "$work/mnt/other" >/dev/null; then r=served; else r=STUCK; fi
   echo "run $run: $blocked waiters blocked; cat $r after $(echo "$(date +%s.%N) - $start" | bc) s"
