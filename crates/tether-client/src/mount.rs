@@ -245,19 +245,32 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
     let c = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // The mount's own flusher holds a descriptor for the moment of each sync (writeback.rs):
-    // EBUSY for that long is not "files open".
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    loop {
+    retrying_while_busy(|| {
         // SAFETY: c is a valid C string.
         if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
         }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EBUSY) || std::time::Instant::now() >= deadline {
-            return Err(e);
+    })
+}
+
+/// Runs `unmount` again while it fails with EBUSY, for up to a second. The mount's own
+/// flusher holds a descriptor for the moment of each sync (writeback.rs), a file may have
+/// been closed a moment ago, and the client's helpers (listers, locks) read it: EBUSY for
+/// that long is not "files open".
+pub fn retrying_while_busy(mut unmount: impl FnMut() -> io::Result<()>) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match unmount() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r,
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

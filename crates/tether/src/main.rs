@@ -11,7 +11,7 @@ use std::thread;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tether_client::mount::{unmount, MountOptions, Mounted};
+use tether_client::mount::{retrying_while_busy, unmount, MountOptions, Mounted};
 use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
 use tether_client::{CachePolicy, Coherence, Connection};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
@@ -528,7 +528,7 @@ fn run(cmd: Command) -> Result<()> {
             let mp = mountpoint.clone();
             thread::spawn(move || {
                 for _ in signals.forever() {
-                    if let Err(e) = unmount_soon(&mut unmounter) {
+                    if let Err(e) = retrying_while_busy(|| unmounter.unmount()) {
                         eprintln!(
                             "tether: cannot unmount {}: {e} (files still open?)",
                             mp.display()
@@ -593,21 +593,5 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
-    }
-}
-
-/// Unmounts for SIGINT or SIGTERM. A file closed a moment ago, or a directory one of the
-/// client's own helpers is reading, makes the kernel refuse with EBUSY for that moment:
-/// tries again for up to a second before saying the mount is busy.
-fn unmount_soon(unmounter: &mut tether_client::mount::Unmounter) -> std::io::Result<()> {
-    let mut tries = 0;
-    loop {
-        match unmounter.unmount() {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
-                tries += 1;
-                thread::sleep(std::time::Duration::from_millis(50));
-            }
-            r => return r,
-        }
     }
 }
