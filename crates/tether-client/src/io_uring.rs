@@ -18,7 +18,8 @@ const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 /// a blocked lock waiter holds one until it is granted, so this many waiters on one CPU
 /// hold up that CPU's other requests. Each has a payload buffer of the largest request
 /// (1 MiB): address space only, touched as far as requests use it, and the kernel hands
-/// out the entry freed last first.
+/// out the entry freed last first. Where the 256 MiB a CPU are refused (strict
+/// overcommit), the mount goes on through `/dev/fuse`.
 pub const DEPTH: u16 = 256;
 
 /// Makes the kernel offer io_uring (turning the module parameter on, which only lets FUSE
@@ -49,7 +50,10 @@ pub fn report(co: &Coherence, stats: Option<Arc<UringStats>>) {
             let _ = co.io_uring.set(s);
         }
         None => {
-            tracing::warn!("--io-uring: not agreed at FUSE_INIT; requests come through /dev/fuse")
+            tracing::warn!(
+                "--io-uring: not in use (the kernel did not offer it at FUSE_INIT, or its \
+                 rings could not be made: see above); requests come through /dev/fuse"
+            )
         }
     }
 }

@@ -129,7 +129,8 @@ enum Command {
         /// Needs root; turns on the fuse module's `enable_uring` parameter if it is off.
         /// Each queue has 256 entries (1 MiB of address space each, memory only as used);
         /// a process blocked waiting for a lock holds one, so more than 256 such waiters on
-        /// one CPU hold up that CPU's other requests.
+        /// one CPU hold up that CPU's other requests. Where that address space is refused
+        /// (strict overcommit), the mount uses /dev/fuse and its log says why.
         #[arg(long)]
         io_uring: bool,
         /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults

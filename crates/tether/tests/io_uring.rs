@@ -120,6 +120,98 @@ fn files_made_read_and_changed_through_the_rings_are_the_hosts() {
     );
 }
 
+/// The largest address space process `pid` has had, in bytes.
+fn peak_address_space(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPeak:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmPeak in:\n{status}"));
+    kib * 1024
+}
+
+/// Writes, reads back and lists a few files through `mnt`.
+fn use_a_little(mnt: &Path) {
+    for i in 0..20 {
+        let f = mnt.join(format!("f{i}"));
+        std::fs::write(&f, format!("file {i}\n")).unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), format!("file {i}\n"));
+    }
+    assert_eq!(std::fs::read_dir(mnt).unwrap().count(), 20);
+}
+
+/// The rings' payload buffers take 256 MiB of address space a CPU. Where that is refused
+/// (strict overcommit; here a `RLIMIT_AS` just above what a `/dev/fuse` mount uses), the
+/// mount goes on through `/dev/fuse` and says so; it used to abort ("memory allocation of
+/// 1048576 bytes failed") and leave a dead mount behind.
+#[test]
+fn a_mount_refused_memory_for_its_rings_serves_through_dev_fuse() {
+    require_uring!();
+    if std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--io-uring")) {
+        eprintln!("SKIPPED: measures a /dev/fuse mount, and TETHER_TEST_MOUNT_ARGS has --io-uring");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("tether-test")
+        .tempdir()
+        .unwrap();
+    let (export, mnt) = (dir.path().join("export"), dir.path().join("mnt"));
+    std::fs::create_dir(&export).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let address = format!("unix:{}", dir.path().join("s.sock").display());
+    let _server = common::Server::start(&export, &address, &[]);
+    // One malloc arena, so that the address space depends on threads and buffers only.
+    let one_arena = |cmd: &mut Command| {
+        cmd.env("MALLOC_ARENA_MAX", "1");
+    };
+
+    // What a /dev/fuse mount doing the same work needs.
+    let mut plain = common::Mount::start_adjusted(&address, &mnt, &[], Stdio::inherit(), one_arena);
+    use_a_little(&mnt);
+    let needed = peak_address_space(plain.child.id());
+    assert!(plain.stop().success());
+    for f in std::fs::read_dir(&export).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+
+    // 160 MiB more: room for 80 more thread stacks, but not for one CPU's ring buffers.
+    let limit = needed + (160 << 20);
+    let log_path = dir.path().join("mount.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut limited =
+        common::Mount::start_adjusted(&address, &mnt, &["--io-uring"], log.into(), |cmd| {
+            use std::os::unix::process::CommandExt;
+            one_arena(cmd);
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        });
+    use_a_little(&mnt);
+    let report = status(&mnt);
+    assert!(
+        report.lines().any(|l| l == "io_uring: off (/dev/fuse)"),
+        "{report}"
+    );
+    let stopped = limited.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(stopped.success(), "the mount ended with {stopped}:\n{log}");
+    assert!(
+        log.contains("io_uring not used: cannot map"),
+        "the log does not say why io_uring is off:\n{log}"
+    );
+}
+
 /// A process pinned to CPU 0 (the kernel queues its requests on CPU 0's ring).
 fn on_cpu0(program: &str) -> Command {
     let mut c = Command::new("taskset");

@@ -8,7 +8,8 @@
 //! wake-ups across CPUs.
 //!
 //! Each queue owns `depth` ring entries: a header buffer (`fuse_uring_req_header`) and a
-//! payload buffer, all registered with FUSE_IO_URING_CMD_REGISTER when the queue starts.
+//! payload buffer (a slice of one mapping per queue), all registered with
+//! FUSE_IO_URING_CMD_REGISTER when the queue starts.
 //! A request arrives as the completion of an entry's command; its reply is written into
 //! the same buffers and handed back with FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which also
 //! waits for the entry's next request. Only the queue's thread submits (the kernel copies
@@ -73,28 +74,86 @@ const _: () = assert!(std::mem::size_of::<Headers>() == 288);
 const _: () = assert!(std::mem::size_of::<EntInOut>() == 32);
 const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
 
-/// One ring entry's buffers. The kernel writes a request into them while the entry's
-/// command is pending; from its completion until its commit they belong to the request's
-/// one reply.
+/// One ring entry's header buffer (its payload buffer is in the queue's `Payloads`). The
+/// kernel writes a request into them while the entry's command is pending; from its
+/// completion until its commit they belong to the request's one reply.
 struct Entry {
     headers: UnsafeCell<Headers>,
-    payload: UnsafeCell<Box<[u8]>>,
     commit_id: AtomicU64,
 }
 
 impl Entry {
-    fn new(payload: usize) -> Entry {
+    fn new() -> Entry {
         Entry {
             headers: UnsafeCell::new(Headers {
                 in_out: [0; 128],
                 op_in: [0; OP_IN],
                 ent: EntInOut::default(),
             }),
-            // Zeroed allocations this large come from mmap: pages cost memory only once a
-            // request uses them.
-            payload: UnsafeCell::new(vec![0u8; payload].into_boxed_slice()),
             commit_id: AtomicU64::new(0),
         }
+    }
+}
+
+/// The payload buffers of a queue's entries, one anonymous mapping: its pages cost memory
+/// only once a request uses them. Mapped, not allocated, because a refused allocation
+/// aborts the process, while a refused mapping (strict overcommit, `RLIMIT_AS`: 256 MiB a
+/// CPU) only means the session goes on through `/dev/fuse`.
+struct Payloads {
+    base: *mut u8,
+    each: usize,
+    count: usize,
+}
+
+// SAFETY: the mapping is owned by its queue; a buffer in it is used by one party at a time,
+// handed over as its entry is (see `Entry`).
+unsafe impl Send for Payloads {}
+unsafe impl Sync for Payloads {}
+
+impl Payloads {
+    fn map(count: usize, each: usize) -> io::Result<Payloads> {
+        let len = count
+            .checked_mul(each)
+            .filter(|&l| l > 0)
+            .ok_or_else(|| io::Error::other(format!("{count} payload buffers of {each} bytes")))?;
+        // SAFETY: a fresh private anonymous mapping, no existing memory involved.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot map {len} bytes for {count} ring payload buffers: {e}"),
+            ));
+        }
+        Ok(Payloads {
+            base: base.cast(),
+            each,
+            count,
+        })
+    }
+
+    /// Entry `i`'s payload buffer.
+    fn of(&self, i: usize) -> *mut [u8] {
+        assert!(i < self.count, "entry {i} of {}", self.count);
+        // SAFETY: within the mapping, by the assertion.
+        std::ptr::slice_from_raw_parts_mut(unsafe { self.base.add(i * self.each) }, self.each)
+    }
+}
+
+impl Drop for Payloads {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; the queue (and so any use of
+        // its buffers, by us or by the kernel's registered commands) ends before this.
+        unsafe { libc::munmap(self.base.cast(), self.count * self.each) };
     }
 }
 
@@ -126,6 +185,7 @@ pub(crate) struct RingQueue {
     /// take it), and a blocked lock waiter holds its entry until the lock is granted: with
     /// fewer entries than waiters, a later request could wait for the lock's release.
     entries: Box<[Entry]>,
+    payloads: Payloads,
     /// Entries whose reply is written, to commit.
     replied: Mutex<Vec<u16>>,
     /// Set while the queue's thread waits in the kernel: only then does a reply from
@@ -172,7 +232,12 @@ impl RingReply {
         let entry = self.queue.entry(self.entry);
         // SAFETY: the entry's buffers belong to this request's one reply until its commit
         // is queued below.
-        let (headers, payload) = unsafe { (&mut *entry.headers.get(), &mut *entry.payload.get()) };
+        let (headers, payload) = unsafe {
+            (
+                &mut *entry.headers.get(),
+                &mut *self.queue.payloads.of(self.entry as usize),
+            )
+        };
         let total: usize = data.iter().map(|b| b.len()).sum();
         if total < OUT_HEADER || total - OUT_HEADER > payload.len() {
             self.fail();
@@ -245,7 +310,7 @@ impl RingQueue {
     fn iovecs_of(&self, i: usize) -> Box<[libc::iovec; 2]> {
         let e = &self.entries[i];
         // SAFETY: only the address is taken; the kernel owns the buffer from REGISTER on.
-        let payload = unsafe { &mut *e.payload.get() };
+        let payload = unsafe { &mut *self.payloads.of(i) };
         Box::new([
             libc::iovec {
                 iov_base: e.headers.get().cast(),
@@ -307,7 +372,8 @@ pub(crate) fn make_queues(
         }
         let queue = Arc::new(RingQueue {
             qid: qid as u16,
-            entries: (0..depth).map(|_| Entry::new(payload)).collect(),
+            entries: (0..depth).map(|_| Entry::new()).collect(),
+            payloads: Payloads::map(depth as usize, payload)?,
             replied: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             wake_buf: UnsafeCell::new([0; 8]),
@@ -494,7 +560,7 @@ fn request_of<'b>(q: &RingQueue, entry: u16, buf: &'b mut Vec<u8>) -> Option<&'b
     let e = q.entries.get(entry as usize)?;
     // SAFETY: the kernel completed the entry's command: its buffers hold a request and
     // nobody else uses them until the reply.
-    let (headers, payload) = unsafe { (&*e.headers.get(), &*e.payload.get()) };
+    let (headers, payload) = unsafe { (&*e.headers.get(), &*q.payloads.of(entry as usize)) };
     // First: even a malformed request is committed (answered EIO) under this id.
     e.commit_id.store(headers.ent.commit_id, Ordering::Release);
     let len = u32::from_ne_bytes(headers.in_out[0..4].try_into().ok()?) as usize;

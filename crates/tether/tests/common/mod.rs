@@ -215,18 +215,30 @@ impl Mount {
 
     /// [`Mount::start`] with the client's log (its stderr) going to `log`.
     pub fn start_logging_to(address: &str, mnt: &Path, extra: &[&str], log: Stdio) -> Mount {
+        Self::start_adjusted(address, mnt, extra, log, |_| {})
+    }
+
+    /// [`Mount::start_logging_to`], with the command changed by `adjust` before it runs
+    /// (its environment, limits).
+    pub fn start_adjusted(
+        address: &str,
+        mnt: &Path,
+        extra: &[&str],
+        log: Stdio,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Mount {
         let more = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
         let more = more.split_whitespace().filter(|a| !extra.contains(a));
-        let mut child = Command::new(TETHER)
-            .arg("mount")
+        let mut cmd = Command::new(TETHER);
+        cmd.arg("mount")
             .arg(address)
             .arg(mnt)
             .args(extra)
             .args(more)
             .stdin(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tether mount");
+            .stderr(log);
+        adjust(&mut cmd);
+        let mut child = cmd.spawn().expect("start tether mount");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !is_mounted(mnt) {
             if let Ok(Some(status)) = child.try_wait() {
