@@ -76,6 +76,9 @@ pub struct Counters {
     pub partial_pages_dropped: AtomicU64,
     /// Pushed invalidations of a node the kernel was given nothing of since the last one.
     pub invalidations_unneeded: AtomicU64,
+    /// Blocked locks granted on a try sent because a lock was released through this mount
+    /// (locks.rs), not found by polling.
+    pub lock_waits_ended_by_release: AtomicU64,
 }
 
 pub struct Coherence {

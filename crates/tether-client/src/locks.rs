@@ -6,7 +6,10 @@
 //!
 //! - **Waiting.** A blocking request (F_SETLKW, flock without LOCK_NB) that gets EAGAIN is
 //!   tried again after a backoff (1 ms doubling to 20 ms) until it succeeds or the kernel
-//!   interrupts it (a signal reached the caller): then it fails with EINTR.
+//!   interrupts it (a signal reached the caller): then it fails with EINTR. A lock released
+//!   or downgraded through this mount has its waiters here tried again at once, once the
+//!   server has answered the release; releases elsewhere (the host, another mount) are
+//!   only found by the next try.
 //! - **Dropping locks at close.** In no-open mode the kernel sends no RELEASE and Tether
 //!   answers FLUSH with ENOSYS (a FLUSH round trip on every close would cost warm reads
 //!   several times their time), so nothing in FUSE says when a locked file is closed. While
@@ -26,6 +29,7 @@ use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -43,6 +47,9 @@ use crate::writeback::MountDir;
 /// First and longest wait between two tries of a blocking lock.
 const FIRST_BACKOFF: Duration = Duration::from_millis(1);
 const MAX_BACKOFF: Duration = Duration::from_millis(20);
+/// Overrides MAX_BACKOFF (milliseconds): tests lengthen it to tell a waiter woken by a
+/// release from one that found it by polling.
+const MAX_BACKOFF_VAR: &str = "TETHER_LOCK_MAX_BACKOFF_MS";
 /// How often locks of processes that have exited are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long an interrupt for a request not (yet) known here is remembered.
@@ -83,6 +90,18 @@ enum Cmd {
     Interrupt(u64),
     /// The kernel forgot the node: no file is open on it and the server dropped its locks.
     Forgotten(NodeId),
+    /// The server answered a release (or downgrade) of a lock on the node made through
+    /// this mount: its waiters here may get theirs now.
+    Freed(NodeId),
+}
+
+/// A blocking request's retry, at the server now.
+struct InFlight {
+    node: NodeId,
+    /// A signal reached the caller meanwhile.
+    interrupted: bool,
+    /// A lock on the node was released here meanwhile: a refusal may predate it.
+    released_since: bool,
 }
 
 /// A lock owner that holds (or held) something on a node.
@@ -132,6 +151,11 @@ impl Locks {
             mount_id: None,
             waiting: BTreeMap::new(),
             in_flight: HashMap::new(),
+            woken: HashSet::new(),
+            max_backoff: std::env::var(MAX_BACKOFF_VAR)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(MAX_BACKOFF, Duration::from_millis),
             interrupted: HashMap::new(),
             blocking: HashSet::new(),
             watch: None,
@@ -196,6 +220,10 @@ fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: Repl
     if req.wait && answered_here {
         let _ = tx.send(Cmd::Done(req.unique));
     }
+    if matches!(res, Ok(Reply::Empty)) && req.lock.typ != lock_type::WRITE {
+        // An unlock, or a read lock that may have replaced a write lock of the owner.
+        let _ = tx.send(Cmd::Freed(req.node));
+    }
     match res {
         Ok(Reply::Empty) if req.lock.typ == lock_type::UNLOCK => reply.ok(),
         Ok(Reply::Empty) => {
@@ -235,8 +263,12 @@ struct LockThread {
     mount_id: Option<u64>,
     /// Blocking requests waiting for their next try, by when it is due.
     waiting: BTreeMap<(Instant, u64), (LockRequest, ReplyEmpty, Duration)>,
-    /// Blocking requests whose retry is at the server now: true once interrupted.
-    in_flight: HashMap<u64, bool>,
+    /// Blocking requests whose retry is at the server now.
+    in_flight: HashMap<u64, InFlight>,
+    /// Blocking requests whose current try was sent because of a release here.
+    woken: HashSet<u64>,
+    /// The longest wait between two tries (MAX_BACKOFF unless overridden).
+    max_backoff: Duration,
     /// Interrupts for requests not known here (yet), with when they came.
     interrupted: HashMap<u64, Instant>,
     /// Blocking requests not answered yet: an interrupt for one of them is kept however
@@ -312,16 +344,31 @@ impl LockThread {
                     .insert((due, req.unique), (req, reply, backoff));
             }
             Cmd::Retried(req, reply, backoff, res) => {
-                let interrupted = self.in_flight.remove(&req.unique).unwrap_or(false);
+                let flight = self.in_flight.remove(&req.unique);
+                let interrupted = flight.as_ref().is_some_and(|f| f.interrupted);
+                let released_since = flight.is_some_and(|f| f.released_since);
+                let woken = self.woken.remove(&req.unique);
                 if interrupted || !matches!(res, Err(WireErrno::EAGAIN)) {
                     self.finished(req.unique);
                 }
                 match res {
                     // Granted, even if a signal came meanwhile: the call succeeded first.
-                    Ok(Reply::Empty) => self.grant(req, reply),
+                    Ok(Reply::Empty) => {
+                        if let (true, Some(s)) = (woken, self.session.get()) {
+                            (s.co.counters.lock_waits_ended_by_release)
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.grant(req, reply)
+                    }
                     Err(WireErrno::EAGAIN) if interrupted => reply.error(Errno::EINTR),
+                    // The server may have refused it before the release here: again, now.
+                    Err(WireErrno::EAGAIN) if released_since => {
+                        self.woken.insert(req.unique);
+                        let key = (Instant::now(), req.unique);
+                        self.waiting.insert(key, (req, reply, FIRST_BACKOFF));
+                    }
                     Err(WireErrno::EAGAIN) => {
-                        let next = (backoff * 2).min(MAX_BACKOFF);
+                        let next = (backoff * 2).min(self.max_backoff);
                         self.waiting
                             .insert((Instant::now() + next, req.unique), (req, reply, next));
                     }
@@ -330,8 +377,8 @@ impl LockThread {
                 }
             }
             Cmd::Interrupt(unique) => {
-                if let Some(flag) = self.in_flight.get_mut(&unique) {
-                    *flag = true;
+                if let Some(flight) = self.in_flight.get_mut(&unique) {
+                    flight.interrupted = true;
                     return;
                 }
                 let key = self.waiting.keys().find(|(_, u)| *u == unique).copied();
@@ -353,6 +400,28 @@ impl LockThread {
                 self.granted.forget_node(node);
                 self.unwatch_if_idle();
             }
+            Cmd::Freed(node) => self.wake_waiters(node),
+        }
+    }
+
+    /// A lock on `node` was released through this mount: its waiters here try again at
+    /// once (the run loop sends what is due), and a retry at the server now that comes
+    /// back refused is tried again too.
+    fn wake_waiters(&mut self, node: NodeId) {
+        let now = Instant::now();
+        let keys: Vec<(Instant, u64)> = (self.waiting.iter())
+            .filter(|(_, (req, _, _))| req.node == node)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in keys {
+            if let Some((req, reply, _)) = self.waiting.remove(&key) {
+                self.woken.insert(req.unique);
+                self.waiting
+                    .insert((now, req.unique), (req, reply, FIRST_BACKOFF));
+            }
+        }
+        for flight in self.in_flight.values_mut().filter(|f| f.node == node) {
+            flight.released_since = true;
         }
     }
 
@@ -392,6 +461,7 @@ impl LockThread {
     fn finished(&mut self, unique: u64) {
         self.blocking.remove(&unique);
         self.interrupted.remove(&unique);
+        self.woken.remove(&unique);
     }
 
     /// Sends every blocking request whose wait is over to the server again.
@@ -402,7 +472,12 @@ impl LockThread {
                 break;
             }
             let (req, reply, backoff) = entry.remove();
-            self.in_flight.insert(req.unique, false);
+            let flight = InFlight {
+                node: req.node,
+                interrupted: false,
+                released_since: false,
+            };
+            self.in_flight.insert(req.unique, flight);
             let tx = self.tx.clone();
             self.send(req, reply, move |req, reply, res| {
                 if let Err(e) = tx.send(Cmd::Retried(req, reply, backoff, res)) {
@@ -557,8 +632,11 @@ impl LockThread {
             owner: h.owner,
             generation,
         };
+        let tx = self.tx.clone();
         self.conn
-            .call(Caller::default(), &msg, |_res: ReplyResult| {});
+            .call(Caller::default(), &msg, move |_res: ReplyResult| {
+                let _ = tx.send(Cmd::Freed(node));
+            });
         self.granted.released(node, h.owner, generation);
         if let Some(holders) = self.held.get_mut(&node) {
             holders.retain(|x| *x != h);

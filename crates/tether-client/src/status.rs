@@ -149,8 +149,9 @@ fn answer(
          invalidations not needed (the kernel held nothing since the last): {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
-         partly written page runs dropped: {}\nio_uring: {}\nwrite-behind: {write_behind}\n\
-         {writeback}",
+         partly written page runs dropped: {}\n\
+         blocked locks granted when a lock was released here: {}\nio_uring: {}\n\
+         write-behind: {write_behind}\n{writeback}",
         conn.peer,
         if conn.hello.read_only {
             " (read-only export)"
@@ -168,6 +169,9 @@ fn answer(
         co.counters.listed.load(Ordering::Relaxed),
         co.counters.listing_most.load(Ordering::Relaxed),
         co.counters.partial_pages_dropped.load(Ordering::Relaxed),
+        co.counters
+            .lock_waits_ended_by_release
+            .load(Ordering::Relaxed),
         crate::io_uring::status(co),
     );
     s.write_all(report.as_bytes())

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{status, Mount, TestMount};
+use common::{sent, status, Mount, TestMount};
 
 /// The POSIX suite's thin syscall wrappers (xattrs here).
 #[allow(dead_code)]
@@ -454,17 +454,6 @@ fn a_capability_given_to_a_file_the_guest_created_shows() {
         );
         assert_eq!(capability(&g), Err(libc::ENODATA), "{name}");
     }
-}
-
-/// How many requests of operation `op` (as `tether status` names it) the mount has sent.
-fn sent(report: &str, op: &str) -> u64 {
-    let line = report
-        .lines()
-        .find_map(|l| l.strip_prefix("requests sent: "))
-        .unwrap_or_else(|| panic!("no request counts in status:\n{report}"));
-    line.split(", ")
-        .find_map(|c| c.strip_prefix(&format!("{op} ")))
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// The kernel leaves a page that no single write covered "not up to date" in its cache, and

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{status, Mount, Server, TestMount};
+use common::{sent, status, wait_until, Mount, Server, TestMount};
 
 const LOCK_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/lock.py");
 const SQLITE_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/locks/sqlite.py");
@@ -97,6 +97,12 @@ impl Holder {
     fn close_file(&mut self) {
         writeln!(self.stdin.as_mut().unwrap(), "close").unwrap();
         assert_eq!(self.next_line(), "closed");
+    }
+
+    /// Tells the holder to unlock but keep its descriptor.
+    fn unlock(&mut self) {
+        writeln!(self.stdin.as_mut().unwrap(), "unlock").unwrap();
+        assert_eq!(self.next_line(), "unlocked");
     }
 
     fn kill(&mut self) {
@@ -265,6 +271,68 @@ fn a_guest_respects_a_lock_held_on_the_host_and_waits_for_it() {
         assert!(!waiter.is_finished(), "{kind}: did not wait for the host");
         h.kill();
         assert_eq!(waiter.join().unwrap(), "got", "{kind}");
+    }
+}
+
+/// What `tether status` says of blocked locks granted when a lock was released through the
+/// mount.
+fn waits_ended_by_release(mnt: &Path) -> u64 {
+    let report = status(mnt);
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("blocked locks granted when a lock was released here: "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of waits ended by a release in:\n{report}"))
+}
+
+#[test]
+fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
+    require_mount!();
+    let py = require_python!();
+    // Polling alone, a waiter's tries come 1, 3, 7 ... 1023, 2047 ms after its first: a
+    // lock released just after the 1023 ms one is found by polling a second later.
+    let t = TestMount::start_adjusted(&[], NO_TIMEOUT, |cmd| {
+        cmd.env("TETHER_LOCK_MAX_BACKOFF_MS", "60000");
+    });
+    let file = t.mnt.join("f");
+    std::fs::write(&file, "").unwrap();
+    let mut before = waits_ended_by_release(&t.mnt);
+    let releases = [
+        ("posix", "unlock"),
+        ("posix", "close"),
+        ("flock", "unlock"),
+        ("flock", "close"),
+        ("ofd", "unlock"),
+    ];
+    for (kind, release) in releases {
+        let mut h = Holder::take(py, kind, &file, &[]);
+        let setlks = || sent(&status(&t.mnt), "SETLK");
+        let before_waiter = setlks();
+        let waiter = {
+            let (py, path, kind) = (py.to_string(), file.clone(), kind.to_string());
+            std::thread::spawn(move || lock_once(&py, &["wait", &kind], &path))
+        };
+        wait_until(
+            "the waiter's first try and ten retries",
+            Duration::from_secs(10),
+            || setlks() >= before_waiter + 11,
+        );
+        assert!(!waiter.is_finished(), "{kind}: did not wait for the holder");
+        let released = Instant::now();
+        match release {
+            "unlock" => h.unlock(),
+            _ => h.close_file(),
+        }
+        assert_eq!(waiter.join().unwrap(), "got", "{kind}");
+        let after = waits_ended_by_release(&t.mnt);
+        assert_eq!(
+            after,
+            before + 1,
+            "{kind}, {release}: the waiter was not woken by the release (it got the lock \
+             {:?} after it)",
+            released.elapsed()
+        );
+        before = after;
     }
 }
 

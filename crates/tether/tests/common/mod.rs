@@ -192,6 +192,18 @@ pub fn status(mnt: &Path) -> String {
     tether_ok(&[Path::new("status"), mnt])
 }
 
+/// How many requests of operation `op` (as `tether status` names it) the mount has sent,
+/// from its status report.
+pub fn sent(report: &str, op: &str) -> u64 {
+    let line = report
+        .lines()
+        .find_map(|l| l.strip_prefix("requests sent: "))
+        .unwrap_or_else(|| panic!("no request counts in status:\n{report}"));
+    line.split(", ")
+        .find_map(|c| c.strip_prefix(&format!("{op} ")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 pub fn is_mounted(mnt: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let want = mnt.to_string_lossy();
@@ -309,6 +321,16 @@ impl TestMount {
     }
 
     pub fn start_with(serve_args: &[&str], mount_args: &[&str]) -> TestMount {
+        Self::start_adjusted(serve_args, mount_args, |_| {})
+    }
+
+    /// [`TestMount::start_with`], with the mount's command changed by `adjust` (see
+    /// [`Mount::start_adjusted`]).
+    pub fn start_adjusted(
+        serve_args: &[&str],
+        mount_args: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> TestMount {
         let dir = tempfile::Builder::new()
             .prefix("tether-test")
             .tempdir()
@@ -319,7 +341,7 @@ impl TestMount {
         std::fs::create_dir(&mnt).unwrap();
         let address = format!("unix:{}", dir.path().join("tether.sock").display());
         let server = Server::start(&export, &address, serve_args);
-        let mount = Mount::start(&address, &mnt, mount_args);
+        let mount = Mount::start_adjusted(&address, &mnt, mount_args, Stdio::inherit(), adjust);
         TestMount {
             mount,
             server,

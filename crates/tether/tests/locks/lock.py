@@ -6,7 +6,8 @@ lock.py MODE KIND PATH [START LEN]
         wait   take it, waiting as long as it takes: prints "got"
         intr   take it, waiting, with SIGALRM after 0.5 s: prints "eintr" or "got"
         hold   take it (waiting), print "held", then on each stdin line "close" close
-               the file and print "closed"; exits at end of input
+               the file and print "closed", on "unlock" unlock it (flock LOCK_UN, or
+               F_UNLCK for the range) and print "unlocked"; exits at end of input
         getlk  F_GETLK / F_OFD_GETLK for a write lock: prints "unlocked" or
                "read|write START LEN" of the conflicting lock
         count  START times: open the file, lock it (waiting), add 1 to the number in
@@ -90,15 +91,16 @@ fd = os.open(path, os.O_RDWR)
 def flock_struct(typ):
     return struct.pack("hhqqi4x", typ, os.SEEK_SET, start, length, 0)
 
-def lock(wait):
+def lock(wait, typ=fcntl.F_WRLCK):
     if kind == "flock":
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        op = fcntl.LOCK_UN if typ == fcntl.F_UNLCK else fcntl.LOCK_EX
+        fcntl.flock(fd, op | (0 if wait else fcntl.LOCK_NB))
         return
     if kind == "posix":
         cmd = fcntl.F_SETLKW if wait else fcntl.F_SETLK
     else:
         cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
-    fcntl.fcntl(fd, cmd, flock_struct(fcntl.F_WRLCK))
+    fcntl.fcntl(fd, cmd, flock_struct(typ))
 
 def on_alarm(*_):
     # Raising makes the interrupted call fail with EINTR instead of Python retrying it.
@@ -128,6 +130,9 @@ elif mode == "hold":
         if line.strip() == "close":
             os.close(fd)
             print("closed", flush=True)
+        elif line.strip() == "unlock":
+            lock(False, fcntl.F_UNLCK)
+            print("unlocked", flush=True)
 elif mode == "getlk":
     cmd = fcntl.F_GETLK if kind == "posix" else fcntl.F_OFD_GETLK
     res = fcntl.fcntl(fd, cmd, flock_struct(fcntl.F_WRLCK))
