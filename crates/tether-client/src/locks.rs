@@ -220,8 +220,7 @@ fn first_answer(tx: &Sender<Cmd>, req: LockRequest, reply: ReplyEmpty, res: Repl
     if req.wait && answered_here {
         let _ = tx.send(Cmd::Done(req.unique));
     }
-    if matches!(res, Ok(Reply::Empty)) && req.lock.typ != lock_type::WRITE {
-        // An unlock, or a read lock that may have replaced a write lock of the owner.
+    if matches!(res, Ok(Reply::Empty)) && req.lock.typ == lock_type::UNLOCK {
         let _ = tx.send(Cmd::Freed(req.node));
     }
     match res {
@@ -452,7 +451,16 @@ impl LockThread {
     /// The server granted `req`: remember who holds it, revalidate, answer the kernel.
     fn grant(&mut self, req: LockRequest, reply: ReplyEmpty) {
         self.finished(req.unique);
+        // A read lock of an owner that held something here may have replaced its write
+        // lock: waiting readers may get theirs now. (Not every read lock: each would set
+        // every waiter on the file polling from 1 ms again.)
+        let downgrade = req.lock.typ == lock_type::READ
+            && (self.held.get(&req.node))
+                .is_some_and(|hs| hs.iter().any(|h| h.owner == req.lock.owner));
         self.hold(&req);
+        if downgrade {
+            self.wake_waiters(req.node);
+        }
         self.revalidate(req.node);
         reply.ok();
     }

@@ -99,10 +99,10 @@ impl Holder {
         assert_eq!(self.next_line(), "closed");
     }
 
-    /// Tells the holder to unlock but keep its descriptor.
-    fn unlock(&mut self) {
-        writeln!(self.stdin.as_mut().unwrap(), "unlock").unwrap();
-        assert_eq!(self.next_line(), "unlocked");
+    /// Tells the holder to `unlock` (keeping its descriptor) or `downgrade` to a read lock.
+    fn change(&mut self, how: &str) {
+        writeln!(self.stdin.as_mut().unwrap(), "{how}").unwrap();
+        assert_eq!(self.next_line(), format!("{}ed", how.trim_end_matches('e')));
     }
 
     fn kill(&mut self) {
@@ -297,11 +297,14 @@ fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
     let file = t.mnt.join("f");
     std::fs::write(&file, "").unwrap();
     let mut before = waits_ended_by_release(&t.mnt);
+    // The waiter wants a write lock, or after a downgrade a read lock.
     let releases = [
         ("posix", "unlock"),
         ("posix", "close"),
+        ("posix", "downgrade"),
         ("flock", "unlock"),
         ("flock", "close"),
+        ("flock", "downgrade"),
         ("ofd", "unlock"),
     ];
     for (kind, release) in releases {
@@ -310,7 +313,12 @@ fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
         let before_waiter = setlks();
         let waiter = {
             let (py, path, kind) = (py.to_string(), file.clone(), kind.to_string());
-            std::thread::spawn(move || lock_once(&py, &["wait", &kind], &path))
+            let mode = if release == "downgrade" {
+                "share"
+            } else {
+                "wait"
+            };
+            std::thread::spawn(move || lock_once(&py, &[mode, &kind], &path))
         };
         wait_until(
             "the waiter's first try and ten retries",
@@ -320,8 +328,8 @@ fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
         assert!(!waiter.is_finished(), "{kind}: did not wait for the holder");
         let released = Instant::now();
         match release {
-            "unlock" => h.unlock(),
-            _ => h.close_file(),
+            "close" => h.close_file(),
+            how => h.change(how),
         }
         assert_eq!(waiter.join().unwrap(), "got", "{kind}");
         let after = waits_ended_by_release(&t.mnt);

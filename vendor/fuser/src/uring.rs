@@ -365,20 +365,22 @@ pub(crate) fn make_queues(
         let ring = IoUring::<squeue::Entry128>::builder()
             .setup_cqsize(2 * (depth as u32 + 1))
             .build(depth as u32 + 1)?;
+        let payloads = Payloads::map(depth as usize, payload)?;
         // SAFETY: eventfd has no memory preconditions.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: fd was just created and is owned here.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         let queue = Arc::new(RingQueue {
             qid: qid as u16,
             entries: (0..depth).map(|_| Entry::new()).collect(),
-            payloads: Payloads::map(depth as usize, payload)?,
+            payloads,
             replied: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             wake_buf: UnsafeCell::new([0; 8]),
-            // SAFETY: fd was just created and is owned here.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            wake,
             stop: AtomicBool::new(false),
             channel: channel.clone(),
         });

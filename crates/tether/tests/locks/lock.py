@@ -4,10 +4,12 @@
 lock.py MODE KIND PATH [START LEN]
   MODE  try    take the lock without waiting: prints "got" or "busy"
         wait   take it, waiting as long as it takes: prints "got"
+        share  take a read (shared) lock, waiting as long as it takes: prints "got"
         intr   take it, waiting, with SIGALRM after 0.5 s: prints "eintr" or "got"
         hold   take it (waiting), print "held", then on each stdin line "close" close
                the file and print "closed", on "unlock" unlock it (flock LOCK_UN, or
-               F_UNLCK for the range) and print "unlocked"; exits at end of input
+               F_UNLCK for the range) and print "unlocked", on "downgrade" turn it into a
+               read lock and print "downgraded"; exits at end of input
         getlk  F_GETLK / F_OFD_GETLK for a write lock: prints "unlocked" or
                "read|write START LEN" of the conflicting lock
         count  START times: open the file, lock it (waiting), add 1 to the number in
@@ -93,7 +95,7 @@ def flock_struct(typ):
 
 def lock(wait, typ=fcntl.F_WRLCK):
     if kind == "flock":
-        op = fcntl.LOCK_UN if typ == fcntl.F_UNLCK else fcntl.LOCK_EX
+        op = {fcntl.F_UNLCK: fcntl.LOCK_UN, fcntl.F_RDLCK: fcntl.LOCK_SH}.get(typ, fcntl.LOCK_EX)
         fcntl.flock(fd, op | (0 if wait else fcntl.LOCK_NB))
         return
     if kind == "posix":
@@ -115,6 +117,9 @@ if mode == "try":
 elif mode == "wait":
     lock(True)
     print("got")
+elif mode == "share":
+    lock(True, fcntl.F_RDLCK)
+    print("got")
 elif mode == "intr":
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, 0.5)
@@ -133,6 +138,9 @@ elif mode == "hold":
         elif line.strip() == "unlock":
             lock(False, fcntl.F_UNLCK)
             print("unlocked", flush=True)
+        elif line.strip() == "downgrade":
+            lock(False, fcntl.F_RDLCK)
+            print("downgraded", flush=True)
 elif mode == "getlk":
     cmd = fcntl.F_GETLK if kind == "posix" else fcntl.F_OFD_GETLK
     res = fcntl.fcntl(fd, cmd, flock_struct(fcntl.F_WRLCK))
