@@ -25,11 +25,12 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
 use tether_proto::{
-    decode_invalidate, push_op, FrameHeader, HostEvent, InvalidatePush, Invalidation, NodeId,
-    ROOT_NODE,
+    decode_invalidate, decode_lock_freed, push_op, FrameHeader, HostEvent, InvalidatePush,
+    Invalidation, NodeId, ROOT_NODE,
 };
 
 use crate::host_events::{Backlog, Replayer};
+use crate::locks::LockWaker;
 use crate::spares::Spares;
 use crate::write_behind::WriteBehind;
 use crate::writeback::AttrFixer;
@@ -77,7 +78,7 @@ pub struct Counters {
     /// Pushed invalidations of a node the kernel was given nothing of since the last one.
     pub invalidations_unneeded: AtomicU64,
     /// Blocked locks granted on a try sent because a lock was released through this mount
-    /// (locks.rs), not found by polling.
+    /// or (pushed) another one (locks.rs), not found by polling.
     pub lock_waits_ended_by_release: AtomicU64,
 }
 
@@ -108,6 +109,8 @@ pub struct Coherence {
     pub replayer: OnceLock<Arc<Replayer>>,
     /// The io_uring queues' counters, when the mount uses them (io_uring.rs).
     pub io_uring: OnceLock<Arc<fuser::UringStats>>,
+    /// Wakes the lock thread's waiters on a node another session freed a lock on.
+    pub lock_waker: OnceLock<LockWaker>,
     /// Set when the kernel caches writes (writeback.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
     /// Written-through writes answered before the server's reply (write_behind.rs).
@@ -227,6 +230,7 @@ impl Coherence {
             counters: Counters::default(),
             replayer: OnceLock::new(),
             io_uring: OnceLock::new(),
+            lock_waker: OnceLock::new(),
             fixer: OnceLock::new(),
             write_behind: OnceLock::new(),
             spares: OnceLock::new(),
@@ -497,6 +501,17 @@ impl Coherence {
 
     /// Called on the RPC reader thread for every push frame, in stream order.
     pub fn on_push(&self, h: FrameHeader, body: Bytes) {
+        if h.op == push_op::LOCK_FREED {
+            match decode_lock_freed(body) {
+                Ok(nodes) => {
+                    if let Some(waker) = self.lock_waker.get() {
+                        nodes.into_iter().for_each(|n| waker.freed(n));
+                    }
+                }
+                Err(e) => tracing::warn!("malformed LOCK_FREED push: {e}"),
+            }
+            return;
+        }
         if h.op != push_op::INVALIDATE {
             return; // a push type from a newer server: ignore it
         }

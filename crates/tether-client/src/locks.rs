@@ -8,8 +8,8 @@
 //!   tried again after a backoff (1 ms doubling to 20 ms) until it succeeds or the kernel
 //!   interrupts it (a signal reached the caller): then it fails with EINTR. A lock released
 //!   or downgraded through this mount has its waiters here tried again at once, once the
-//!   server has answered the release; releases elsewhere (the host, another mount) are
-//!   only found by the next try.
+//!   server has answered the release, and so has one another mount released, when the
+//!   server pushes LOCK_FREED; a release on the host is only found by the next try.
 //! - **Dropping locks at close.** In no-open mode the kernel sends no RELEASE and Tether
 //!   answers FLUSH with ENOSYS (a FLUSH round trip on every close would cost warm reads
 //!   several times their time), so nothing in FUSE says when a locked file is closed. While
@@ -91,7 +91,8 @@ enum Cmd {
     /// The kernel forgot the node: no file is open on it and the server dropped its locks.
     Forgotten(NodeId),
     /// The server answered a release (or downgrade) of a lock on the node made through
-    /// this mount: its waiters here may get theirs now.
+    /// this mount, or pushed that another session made one: its waiters here may get
+    /// theirs now.
     Freed(NodeId),
 }
 
@@ -123,6 +124,19 @@ pub struct Locks {
     granted: Arc<HeldLocks>,
     /// Nodes with lock state here: a FORGET of any other costs the lock thread nothing.
     locked: Arc<DashSet<NodeId>>,
+}
+
+/// Tells the lock thread of a lock another session freed (the server's LOCK_FREED push).
+pub struct LockWaker {
+    tx: Sender<Cmd>,
+}
+
+impl LockWaker {
+    /// Another session released or downgraded a lock on `node`, after this one was refused
+    /// one there: its waiters try again.
+    pub fn freed(&self, node: NodeId) {
+        let _ = self.tx.send(Cmd::Freed(node));
+    }
 }
 
 /// What the lock thread needs of the FUSE session, once it exists.
@@ -180,6 +194,9 @@ impl Locks {
     /// The session's notifier and known nodes, once the session exists: granted locks
     /// revalidate the cache.
     pub fn attach(&self, notifier: Notifier, known: Arc<Known>, co: Arc<Coherence>) {
+        let _ = co.lock_waker.set(LockWaker {
+            tx: self.tx.clone(),
+        });
         let _ = self.session.set(Attached {
             notifier,
             known,

@@ -150,7 +150,8 @@ fn answer(
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
          partly written page runs dropped: {}\n\
-         blocked locks granted when a lock was released here: {}\nio_uring: {}\n\
+         blocked locks granted at once on a release through this or another mount: {}\n\
+         io_uring: {}\n\
          write-behind: {write_behind}\n{writeback}",
         conn.peer,
         if conn.hello.read_only {

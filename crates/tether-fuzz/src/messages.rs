@@ -1,14 +1,15 @@
 //! Target `messages`: every message decoder, with encode/decode round trips.
 //!
-//! Input: byte 0 picks the family (0 request, 1 reply, 2 INVALIDATE push, 3 HELLO and HELLO
-//! reply bodies without prefix), byte 1 the op ([`op_from_selector`]), the rest is the body.
+//! Input: byte 0 picks the family (0 request, 1 reply, 2 push bodies: INVALIDATE and
+//! LOCK_FREED, 3 HELLO and HELLO reply bodies without prefix), byte 1 the op
+//! ([`op_from_selector`]), the rest is the body.
 
 use bytes::Bytes;
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::{
-    data_reply_frame, decode_invalidate, invalidate_frame, invalidate_frames, push_op, reply_frame,
-    DecodeError, Decoder, Encoder, FrameHeader, FrameKind, Hello, HelloReply, Op, Reply, Request,
-    FRAME_HEADER_LEN, MAX_FRAME_LEN,
+    data_reply_frame, decode_invalidate, decode_lock_freed, invalidate_frame, invalidate_frames,
+    lock_freed_frame, push_op, reply_frame, DecodeError, Decoder, Encoder, FrameHeader, FrameKind,
+    Hello, HelloReply, Op, Reply, Request, FRAME_HEADER_LEN, MAX_FRAME_LEN,
 };
 
 use crate::alloc::MemScope;
@@ -103,6 +104,7 @@ fn reply(op: u16, body: Bytes) {
 }
 
 fn push(body: Bytes) {
+    lock_freed(body.clone());
     let Ok(p) = decode_invalidate(body.clone()) else {
         return;
     };
@@ -135,6 +137,18 @@ fn push(body: Bytes) {
     }
     assert_eq!(items, p.items);
     assert_eq!(events, p.events);
+}
+
+/// LOCK_FREED: what decodes encodes back to the same body.
+fn lock_freed(body: Bytes) {
+    match decode_lock_freed(body.clone()) {
+        Ok(nodes) => {
+            let frame = lock_freed_frame(&nodes);
+            let (_, again) = split(&frame, FrameKind::Push, push_op::LOCK_FREED, 0);
+            assert_eq!(again, body, "LOCK_FREED round trip");
+        }
+        Err(e) => assert_malformed(&e, "LOCK_FREED push"),
+    }
 }
 
 fn hello(body: Bytes) {

@@ -6,10 +6,10 @@ use tether_proto::auth::{NONCE_LEN, PROOF_LEN};
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
-    invalidate_frame, reply_frame, setattr_valid, Attr, Caller, Challenge, DirEntry, Entry,
-    EventKind, Hello, HelloReply, HostEvent, IdMapping, InvalidatePush, Invalidation, Op, Reply,
-    Request, SetAttr, SetTime, Statfs, Timespec, WireErrno, FRAME_HEADER_LEN, MAGIC, MAX_FRAME_LEN,
-    PROTOCOL_VERSION,
+    invalidate_frame, lock_freed_frame, reply_frame, setattr_valid, Attr, Caller, Challenge,
+    DirEntry, Entry, EventKind, Hello, HelloReply, HostEvent, IdMapping, InvalidatePush,
+    Invalidation, Op, Reply, Request, SetAttr, SetTime, Statfs, Timespec, WireErrno,
+    FRAME_HEADER_LEN, MAGIC, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 
 use crate::messages::{family, selector_for, OPS};
@@ -464,6 +464,7 @@ pub fn messages() -> Vec<Vec<u8>> {
     for p in pushes() {
         out.push([&[family::PUSH, 0], body(&push_frame(&p, 1))].concat());
     }
+    out.push([&[family::PUSH, 0], body(&lock_freed_frame(&[2, 3]))].concat());
     let mut e = tether_proto::Encoder::default();
     hello().encode(&mut e);
     out.push([&[family::HELLO, 0], &e.buf[..]].concat());

@@ -18,8 +18,9 @@ pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use handshake::{Challenge, Hello, HelloReply, IdMapping, MAGIC, PROTOCOL_VERSION};
 pub use message::*;
 pub use push::{
-    changed, decode_invalidate, goodbye_frame, invalidate_frame, invalidate_frames, push_op,
-    EventKind, HostEvent, InvalidatePush, Invalidation,
+    changed, decode_invalidate, decode_lock_freed, goodbye_frame, invalidate_frame,
+    invalidate_frames, lock_freed_frame, push_op, EventKind, HostEvent, InvalidatePush,
+    Invalidation,
 };
 
 /// A node id issued by the server. Ids are never reused within one server session.

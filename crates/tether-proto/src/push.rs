@@ -15,11 +15,44 @@ pub mod push_op {
     /// The server is shutting down and has answered every request it read: the client may
     /// send the ones still unanswered to the next server. Empty body; the last frame.
     pub const GOODBYE: u16 = 101;
+    /// Nodes on which another session released (or downgraded) a lock after this session
+    /// was refused one there: a client whose processes wait for a lock on one of them may
+    /// try again at once instead of at its next poll. Id 0, like GOODBYE.
+    pub const LOCK_FREED: u16 = 102;
 }
 
 /// The GOODBYE push (see [`push_op::GOODBYE`]).
 pub fn goodbye_frame() -> Vec<u8> {
     FrameBuilder::new(FrameKind::Push, 0, push_op::GOODBYE, 0, 0).finish()
+}
+
+/// A LOCK_FREED push (see [`push_op::LOCK_FREED`]): `count` u32, then `count` node ids.
+pub fn lock_freed_frame(nodes: &[NodeId]) -> Vec<u8> {
+    let mut f = FrameBuilder::new(
+        FrameKind::Push,
+        0,
+        push_op::LOCK_FREED,
+        0,
+        4 + 8 * nodes.len(),
+    );
+    f.enc.u32(nodes.len() as u32);
+    for n in nodes {
+        f.enc.u64(*n);
+    }
+    f.finish()
+}
+
+/// Decodes the body of a LOCK_FREED push.
+pub fn decode_lock_freed(body: Bytes) -> Result<Vec<NodeId>, DecodeError> {
+    let mut d = Decoder::new(body);
+    let n = d.u32()? as usize;
+    // Never allocate more than the frame could hold.
+    let mut nodes = Vec::with_capacity(n.min(d.remaining() / 8));
+    for _ in 0..n {
+        nodes.push(d.u64()?);
+    }
+    d.finish()?;
+    Ok(nodes)
 }
 
 /// One thing the guest must stop trusting.

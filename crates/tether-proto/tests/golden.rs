@@ -2883,6 +2883,42 @@ fn golden_invalidate_push() {
 }
 
 #[test]
+fn golden_lock_freed_push() {
+    let got = lock_freed_frame(&[0x1234, 7]);
+    let expected: Vec<u8> = [
+        &[0x20, 0, 0, 0][..],            // len: 32 bytes after this field
+        &[3],                            // kind: push
+        &[0],                            // flags
+        &[102, 0],                       // op: LOCK_FREED (102)
+        &[0, 0, 0, 0, 0, 0, 0, 0],       // id: 0
+        &[2, 0, 0, 0],                   // node count: 2
+        &[0x34, 0x12, 0, 0, 0, 0, 0, 0], // node 0x1234
+        &[7, 0, 0, 0, 0, 0, 0, 0],       // node 7
+    ]
+    .concat();
+    assert_frame("LOCK_FREED push", &got, &expected);
+    let (h, body) = split(&got);
+    assert_eq!(
+        (h.kind, h.op, h.id),
+        (FrameKind::Push, push_op::LOCK_FREED, 0)
+    );
+    assert_eq!(decode_lock_freed(body.clone()).unwrap(), vec![0x1234, 7]);
+    // Every truncation fails cleanly, as do trailing bytes.
+    for cut in 0..body.len() {
+        assert!(
+            decode_lock_freed(body.slice(..cut)).is_err(),
+            "prefix of {cut} bytes decoded"
+        );
+    }
+    let mut longer = body.to_vec();
+    longer.push(0);
+    assert!(decode_lock_freed(Bytes::from(longer)).is_err());
+    // A huge count in a tiny frame is refused without allocating for it.
+    let huge = Bytes::from_static(&[0xff, 0xff, 0xff, 0xff, 1]);
+    assert!(decode_lock_freed(huge).is_err());
+}
+
+#[test]
 fn golden_invalidate_push_with_events() {
     let items = vec![Invalidation::Inode(5)];
     let events = vec![

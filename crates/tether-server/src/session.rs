@@ -1,9 +1,11 @@
 //! One client connection: handshake, then a pool of workers that take turns reading the
 //! next request, execute requests concurrently and write each reply as soon as it is ready
-//! (out of order); a watcher thread writes pushed invalidations on the same stream.
+//! (out of order); a watcher thread writes pushed invalidations on the same stream, and
+//! another the locks other sessions freed (LOCK_FREED).
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -13,14 +15,17 @@ use tether_proto::auth::{self, Role};
 use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
-    data_reply_frame, reply_frame, Challenge, FrameHeader, FrameKind, Hello, HelloReply, IdMapping,
-    Op, Reply, Request, WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
+    data_reply_frame, lock_freed_frame, reply_frame, Challenge, FrameHeader, FrameKind, Hello,
+    HelloReply, IdMapping, NodeId, Op, Reply, Request, WireErrno, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
 use tether_transport::Stream;
 
-use crate::export::{Export, ExportFs};
+use crate::export::{Export, ExportFs, LockWake};
 use crate::Drain;
+
+/// Numbers the sessions of this process, for [`LockWake`].
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Limits of one session.
 #[derive(Debug, Clone)]
@@ -156,6 +161,13 @@ pub fn run_session(
     fs.write_attr = granted & features::WRITE_ATTR != 0;
     fs.dir_end = granted & features::DIR_END != 0;
     fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
+    let (lock_tx, lock_rx) = std::sync::mpsc::channel();
+    if watch {
+        fs.lock_wake = Some(LockWake {
+            session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
+            tx: lock_tx,
+        });
+    }
     let fs = Arc::new(fs);
     let terms = HelloReply {
         version: PROTOCOL_VERSION,
@@ -189,6 +201,13 @@ pub fn run_session(
             .name("tether-watch".into())
             .spawn(move || push_changes(&fs, &writer, &stop))
             .expect("spawn watcher")
+    });
+    let lock_pusher = watch.then(|| {
+        let (writer, stop) = (writer.clone(), stop.clone());
+        thread::Builder::new()
+            .name("tether-lockwake".into())
+            .spawn(move || push_lock_wakes(&lock_rx, &writer, &stop))
+            .expect("spawn lock pusher")
     });
     // Leader/follower: the worker that reads a frame also executes it, so a request wakes
     // one thread, not a reader and then a worker. While it works, the next idle worker
@@ -235,8 +254,8 @@ pub fn run_session(
         tracing::warn!("closing session: {e}");
     }
     stop.store(true, Ordering::Relaxed);
-    if let Some(w) = watcher {
-        let _ = w.join();
+    for pusher in [watcher, lock_pusher].into_iter().flatten() {
+        let _ = pusher.join();
     }
     if outcome.is_ok() && draining() {
         // Every request read was answered (each worker wrote its reply before it stopped).
@@ -271,6 +290,26 @@ fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
             if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// Sends the client LOCK_FREED pushes: nodes it was refused a lock on that another session
+/// has since freed (locks.rs, `LockWaits`).
+fn push_lock_wakes(rx: &Receiver<NodeId>, writer: &SharedWriter, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let first = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(node) => node,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let mut nodes: Vec<NodeId> = std::iter::once(first)
+            .chain(rx.try_iter().take(4095))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        if write_frame(&mut **writer.lock().unwrap(), &lock_freed_frame(&nodes)).is_err() {
+            return;
         }
     }
 }

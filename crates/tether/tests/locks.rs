@@ -280,13 +280,17 @@ fn waits_ended_by_release(mnt: &Path) -> u64 {
     let report = status(mnt);
     report
         .lines()
-        .find_map(|l| l.strip_prefix("blocked locks granted when a lock was released here: "))
+        .find_map(|l| {
+            l.strip_prefix(
+                "blocked locks granted at once on a release through this or another mount: ",
+            )
+        })
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count of waits ended by a release in:\n{report}"))
 }
 
 #[test]
-fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
+fn a_lock_released_through_this_or_another_mount_goes_to_its_waiter_at_once() {
     require_mount!();
     let py = require_python!();
     // Polling alone, a waiter's tries come 1, 3, 7 ... 1023, 2047 ms after its first: a
@@ -294,25 +298,33 @@ fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
     let t = TestMount::start_adjusted(&[], NO_TIMEOUT, |cmd| {
         cmd.env("TETHER_LOCK_MAX_BACKOFF_MS", "60000");
     });
-    let file = t.mnt.join("f");
-    std::fs::write(&file, "").unwrap();
+    let other_dir = t.dir.path().join("mnt2");
+    std::fs::create_dir(&other_dir).unwrap();
+    let address = format!("unix:{}", t.dir.path().join("tether.sock").display());
+    let other = Mount::start(&address, &other_dir, NO_TIMEOUT);
+    std::fs::write(t.mnt.join("f"), "").unwrap();
     let mut before = waits_ended_by_release(&t.mnt);
-    // The waiter wants a write lock, or after a downgrade a read lock.
+    // The waiter wants a write lock, or after a downgrade a read lock. Through the other
+    // mount, the server tells this one (LOCK_FREED).
     let releases = [
-        ("posix", "unlock"),
-        ("posix", "close"),
-        ("posix", "downgrade"),
-        ("flock", "unlock"),
-        ("flock", "close"),
-        ("flock", "downgrade"),
-        ("ofd", "unlock"),
+        ("posix", "unlock", &t.mnt),
+        ("posix", "close", &t.mnt),
+        ("posix", "downgrade", &t.mnt),
+        ("flock", "unlock", &t.mnt),
+        ("flock", "close", &t.mnt),
+        ("flock", "downgrade", &t.mnt),
+        ("ofd", "unlock", &t.mnt),
+        ("posix", "unlock", &other.path),
+        ("posix", "downgrade", &other.path),
+        ("flock", "close", &other.path),
+        ("ofd", "unlock", &other.path),
     ];
-    for (kind, release) in releases {
-        let mut h = Holder::take(py, kind, &file, &[]);
+    for (kind, release, holder_mount) in releases {
+        let mut h = Holder::take(py, kind, &holder_mount.join("f"), &[]);
         let setlks = || sent(&status(&t.mnt), "SETLK");
         let before_waiter = setlks();
         let waiter = {
-            let (py, path, kind) = (py.to_string(), file.clone(), kind.to_string());
+            let (py, path, kind) = (py.to_string(), t.mnt.join("f"), kind.to_string());
             let mode = if release == "downgrade" {
                 "share"
             } else {
@@ -325,19 +337,19 @@ fn a_lock_released_through_the_mount_goes_to_its_waiter_there_at_once() {
             Duration::from_secs(10),
             || setlks() >= before_waiter + 11,
         );
-        assert!(!waiter.is_finished(), "{kind}: did not wait for the holder");
+        let case = format!("{kind}, {release} through {}", holder_mount.display());
+        assert!(!waiter.is_finished(), "{case}: did not wait for the holder");
         let released = Instant::now();
         match release {
             "close" => h.close_file(),
             how => h.change(how),
         }
-        assert_eq!(waiter.join().unwrap(), "got", "{kind}");
+        assert_eq!(waiter.join().unwrap(), "got", "{case}");
         let after = waits_ended_by_release(&t.mnt);
         assert_eq!(
             after,
             before + 1,
-            "{kind}, {release}: the waiter was not woken by the release (it got the lock \
-             {:?} after it)",
+            "{case}: the waiter was not woken by the release (it got the lock {:?} after it)",
             released.elapsed()
         );
         before = after;

@@ -9,6 +9,9 @@
 //!
 //! Nothing here waits: a conflicting request gets EAGAIN and the client retries a blocking
 //! one, so a waiting lock never holds a server worker and can be interrupted in the guest.
+//! A session refused a lock is told (push LOCK_FREED) when another session of the export
+//! releases or downgrades one on the same file, so that its waiters need not wait for their
+//! next try ([`LockWaits`]); a host process's release is not seen, and is found by polling.
 //!
 //! One exception to "locks pass straight through": SQLite's WAL index (`DB-shm`). WAL needs
 //! every process using the database to share that file's memory, which a guest and the
@@ -21,7 +24,8 @@
 //! a guest opening a database the host has open in WAL mode gets the same.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
@@ -57,18 +61,6 @@ const WAL_DMS: u64 = 128;
 const SESSION_DMS: u64 = 1 << 40;
 
 impl LockTable {
-    /// Drops every lock held on `node` (the guest forgot it, so no guest file is open on it).
-    pub fn forget_node(&self, node: NodeId) {
-        // Every FORGET comes here. A WAL guard is kept only while an owner of the session
-        // holds its DMS byte (`release_unused_guard`), so with no owners there is nothing to
-        // drop, and no reason to take the guards' mutex.
-        if self.owners.is_empty() {
-            return;
-        }
-        self.owners.retain(|(n, _), _| *n != node);
-        self.wal_guards.lock().unwrap().remove(&node);
-    }
-
     /// Gives back the WAL index `node` if no process of the session holds its DMS lock
     /// any more. Call with the guards locked.
     fn release_unused_guard(guards: &mut HashMap<NodeId, OwnedFd>, node: NodeId) {
@@ -80,6 +72,74 @@ impl LockTable {
         if matches!(sys::ofd_getlk(guard.as_fd(), &probe), Ok(None)) {
             guards.remove(&node);
         }
+    }
+}
+
+/// A host file, as (st_dev, st_ino): sessions name files by their own node ids.
+type FileKey = (u64, u64);
+
+fn file_key(fd: BorrowedFd<'_>) -> Option<FileKey> {
+    sys::fstat(fd).ok().map(|st| (st.st_dev, st.st_ino))
+}
+
+/// Most files with refused sessions remembered at once, across the export: past it, a
+/// refused session's waiters find a release by polling only.
+const MAX_WAITED_FILES: usize = 4096;
+
+/// Where a session hears of locks freed by other sessions: its id, and the channel of the
+/// thread that pushes LOCK_FREED to its client (session.rs). Only sessions that were
+/// granted pushes have one.
+pub struct LockWake {
+    pub session: u64,
+    pub tx: Sender<NodeId>,
+}
+
+/// Sessions refused a lock on a file, per file, shared by every session of the export.
+/// Each entry is told of the next release by another session and then dropped: a waiter
+/// refused again is entered again.
+#[derive(Default)]
+pub struct LockWaits {
+    files: Mutex<HashMap<FileKey, Vec<Refused>>>,
+}
+
+/// A session refused a lock on a file: its id, its node of the file, its pusher's channel.
+type Refused = (u64, NodeId, Sender<NodeId>);
+
+impl LockWaits {
+    fn refused(&self, key: FileKey, node: NodeId, wake: &LockWake) {
+        let mut files = self.files.lock().unwrap();
+        if files.len() >= MAX_WAITED_FILES && !files.contains_key(&key) {
+            return;
+        }
+        let waiting = files.entry(key).or_default();
+        if !waiting
+            .iter()
+            .any(|(s, n, _)| *s == wake.session && *n == node)
+        {
+            waiting.push((wake.session, node, wake.tx.clone()));
+        }
+    }
+
+    /// Session `by` released or downgraded a lock on `key`: every other session refused
+    /// there hears of it. (`by`'s own waiters are woken by its client.)
+    fn freed(&self, key: FileKey, by: u64) {
+        let Some(waiting) = self.files.lock().unwrap().remove(&key) else {
+            return;
+        };
+        for (session, node, tx) in waiting {
+            if session != by {
+                let _ = tx.send(node);
+            }
+        }
+    }
+
+    /// The session ended: nothing to tell it any more.
+    pub fn end_session(&self, session: u64) {
+        let mut files = self.files.lock().unwrap();
+        files.retain(|_, waiting| {
+            waiting.retain(|(s, _, _)| *s != session);
+            !waiting.is_empty()
+        });
     }
 }
 
@@ -195,6 +255,9 @@ impl ExportFs {
             })
         };
         if let Err(e) = taken {
+            if e == WireErrno::EAGAIN {
+                self.lock_refused(node, fd.as_fd());
+            }
             if new {
                 self.forget_if_unused(node, lock.owner, owner_fd);
             }
@@ -205,7 +268,70 @@ impl ExportFs {
             let mut guards = self.locks.wal_guards.lock().unwrap();
             LockTable::release_unused_guard(&mut guards, node);
         }
+        // An unlock, or a read lock of an owner that held one here (maybe a write lock).
+        if lock.typ == lock_type::UNLOCK || (lock.typ == lock_type::READ && !new) {
+            self.locks_freed(file_key(fd.as_fd()));
+        }
         Ok(Reply::Empty)
+    }
+
+    /// This session was refused a lock on `node` (open as `fd`): it hears when another
+    /// session frees one there.
+    fn lock_refused(&self, node: NodeId, fd: BorrowedFd<'_>) {
+        if let (Some(wake), Some(key)) = (&self.lock_wake, file_key(fd)) {
+            self.export.lock_waits.refused(key, node, wake);
+        }
+    }
+
+    /// This session released or downgraded a lock on file `key`.
+    fn locks_freed(&self, key: Option<FileKey>) {
+        if let Some(key) = key {
+            let by = self.lock_wake.as_ref().map_or(0, |w| w.session);
+            self.export.lock_waits.freed(key, by);
+        }
+    }
+
+    /// Drops the owners' descriptions `gone` (their locks go with them), then tells other
+    /// sessions waiting on those files.
+    fn drop_owners(&self, gone: Vec<Arc<OwnerFd>>) {
+        let keys: HashSet<Option<FileKey>> = gone.iter().map(|o| file_key(o.fd.as_fd())).collect();
+        drop(gone);
+        for key in keys {
+            self.locks_freed(key);
+        }
+    }
+
+    /// FORGET of `node`: the guest holds no file open on it, so no lock either.
+    pub(super) fn forget_locks(&self, node: NodeId) {
+        // Every FORGET comes here: with no owners there is nothing to drop.
+        if self.locks.owners.is_empty() {
+            return;
+        }
+        let mut gone = Vec::new();
+        self.locks.owners.retain(|(n, _), o| {
+            if *n == node {
+                gone.push(o.clone());
+            }
+            *n != node
+        });
+        self.locks.wal_guards.lock().unwrap().remove(&node);
+        self.drop_owners(gone);
+    }
+
+    /// The end of the session: every lock it holds goes.
+    pub(super) fn release_all_locks(&self) {
+        let gone: Vec<Arc<OwnerFd>> = self
+            .locks
+            .owners
+            .iter()
+            .map(|e| e.value().clone())
+            .collect();
+        self.locks.owners.clear();
+        self.locks.wal_guards.lock().unwrap().clear();
+        self.drop_owners(gone);
+        if let Some(w) = &self.lock_wake {
+            self.export.lock_waits.end_session(w.session);
+        }
     }
 
     /// GETLK: the first lock another owner (in any guest or on the host) holds that would
@@ -311,9 +437,12 @@ impl ExportFs {
     /// LOCK_RELEASE: closes `owner`'s description of `node`, which drops all its locks,
     /// unless it is for a later generation than `generation`.
     pub(super) fn lock_release(&self, node: NodeId, owner: u64, generation: u64) -> Reply {
-        (self.locks.owners).remove_if(&(node, owner), |_, e| e.generation <= generation);
-        let mut guards = self.locks.wal_guards.lock().unwrap();
-        LockTable::release_unused_guard(&mut guards, node);
+        let gone = (self.locks.owners).remove_if(&(node, owner), |_, e| e.generation <= generation);
+        {
+            let mut guards = self.locks.wal_guards.lock().unwrap();
+            LockTable::release_unused_guard(&mut guards, node);
+        }
+        self.drop_owners(gone.into_iter().map(|(_, o)| o).collect());
         Reply::Empty
     }
 }
@@ -330,6 +459,36 @@ mod tests {
             start,
             end,
         }
+    }
+
+    #[test]
+    fn a_release_tells_the_other_sessions_refused_there_once() {
+        let waits = LockWaits::default();
+        let (tx1, rx1) = std::sync::mpsc::channel();
+        let (tx2, rx2) = std::sync::mpsc::channel();
+        let one = LockWake {
+            session: 1,
+            tx: tx1,
+        };
+        let two = LockWake {
+            session: 2,
+            tx: tx2,
+        };
+        waits.refused((1, 10), 5, &one);
+        waits.refused((1, 10), 5, &one);
+        waits.refused((1, 10), 7, &two);
+        // Session 2's own release: its client wakes its waiters; session 1 hears, once.
+        waits.freed((1, 10), 2);
+        assert_eq!(rx1.try_iter().collect::<Vec<_>>(), vec![5]);
+        assert!(rx2.try_recv().is_err());
+        waits.freed((1, 10), 2);
+        assert!(rx1.try_recv().is_err(), "told twice");
+        // A session that ended hears nothing.
+        waits.refused((1, 11), 6, &one);
+        waits.end_session(1);
+        waits.freed((1, 11), 2);
+        assert!(rx1.try_recv().is_err());
+        assert!(waits.files.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 pub use changes::Changes;
 pub use ids::{IdMap, SessionIds};
+pub use locks::{LockWaits, LockWake};
 pub use nodes::{FdBudget, Node, NodeTable};
 pub use ops::ExportFs;
 use tether_proto::WireErrno;
@@ -42,6 +43,8 @@ pub struct Export {
     /// How ownership appears to guests and what chown does.
     pub id_map: IdMap,
     pub instance: [u8; 16],
+    /// Sessions refused a lock, to be told when another session frees one (locks.rs).
+    pub lock_waits: LockWaits,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -105,6 +108,7 @@ impl Export {
             creds_switch,
             id_map: opts.id_map.clone(),
             instance,
+            lock_waits: LockWaits::default(),
         }))
     }
 

@@ -13,7 +13,7 @@ use tether_proto::{
 };
 
 use super::ids::SessionIds;
-use super::locks::LockTable;
+use super::locks::{LockTable, LockWake};
 use super::nodes::{Node, NodeTable};
 use super::readahead::ReadAhead;
 use super::sys::{self, FsCreds, SysResult};
@@ -61,11 +61,15 @@ pub struct ExportFs {
     /// Spare files not named yet (SPARES, BIND): the only descriptor of each, whose closing
     /// frees the file.
     spares: DashMap<NodeId, Arc<OwnedFd>>,
+    /// Where the session hears of locks other sessions free (locks.rs); set by the session
+    /// when it pushes.
+    pub lock_wake: Option<LockWake>,
 }
 
 impl Drop for ExportFs {
     fn drop(&mut self) {
         self.writers.stop();
+        self.release_all_locks();
     }
 }
 
@@ -177,6 +181,7 @@ impl ExportFs {
             readahead: ReadAhead::default(),
             writers: Arc::default(),
             spares: DashMap::new(),
+            lock_wake: None,
             watcher,
         };
         if let Some(w) = &fs.watcher {
@@ -891,7 +896,7 @@ impl ExportFs {
                         continue;
                     };
                     // The guest has no file open on it, so no lock on it either.
-                    self.locks.forget_node(gone.id);
+                    self.forget_locks(gone.id);
                     self.spares.remove(&gone.id);
                     self.writers.forget(gone.id);
                     if let Some(w) = &self.watcher {
