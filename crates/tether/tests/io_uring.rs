@@ -152,35 +152,27 @@ fn a_mount_refused_memory_for_its_rings_serves_through_dev_fuse() {
         eprintln!("SKIPPED: measures a /dev/fuse mount, and TETHER_TEST_MOUNT_ARGS has --io-uring");
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("tether-test")
-        .tempdir()
-        .unwrap();
-    let (export, mnt) = (dir.path().join("export"), dir.path().join("mnt"));
-    std::fs::create_dir(&export).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let address = format!("unix:{}", dir.path().join("s.sock").display());
-    let _server = common::Server::start(&export, &address, &[]);
     // One malloc arena, so that the address space depends on threads and buffers only.
     let one_arena = |cmd: &mut Command| {
         cmd.env("MALLOC_ARENA_MAX", "1");
     };
 
     // What a /dev/fuse mount doing the same work needs.
-    let mut plain = common::Mount::start_adjusted(&address, &mnt, &[], Stdio::inherit(), one_arena);
-    use_a_little(&mnt);
-    let needed = peak_address_space(plain.child.id());
-    assert!(plain.stop().success());
-    for f in std::fs::read_dir(&export).unwrap() {
+    let mut t = TestMount::start_adjusted(&[], &[], one_arena);
+    use_a_little(&t.mnt);
+    let needed = peak_address_space(t.mount.child.id());
+    assert!(t.mount.stop().success());
+    for f in std::fs::read_dir(&t.export).unwrap() {
         std::fs::remove_file(f.unwrap().path()).unwrap();
     }
 
     // 160 MiB more: room for 80 more thread stacks, but not for one CPU's ring buffers.
     let limit = needed + (160 << 20);
-    let log_path = dir.path().join("mount.log");
+    let log_path = t.dir.path().join("mount.log");
     let log = std::fs::File::create(&log_path).unwrap();
+    let address = t.server.address.clone();
     let mut limited =
-        common::Mount::start_adjusted(&address, &mnt, &["--io-uring"], log.into(), |cmd| {
+        common::Mount::start_adjusted(&address, &t.mnt, &["--io-uring"], log.into(), |cmd| {
             use std::os::unix::process::CommandExt;
             one_arena(cmd);
             // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
@@ -197,8 +189,8 @@ fn a_mount_refused_memory_for_its_rings_serves_through_dev_fuse() {
                 });
             }
         });
-    use_a_little(&mnt);
-    let report = status(&mnt);
+    use_a_little(&t.mnt);
+    let report = status(&t.mnt);
     assert!(
         report.lines().any(|l| l == "io_uring: off (/dev/fuse)"),
         "{report}"
