@@ -101,7 +101,8 @@ struct InFlight {
     node: NodeId,
     /// A signal reached the caller meanwhile.
     interrupted: bool,
-    /// A lock on the node was released here meanwhile: a refusal may predate it.
+    /// A lock on the node was released meanwhile (here, or pushed): a refusal may predate
+    /// it.
     released_since: bool,
 }
 
@@ -281,7 +282,7 @@ struct LockThread {
     waiting: BTreeMap<(Instant, u64), (LockRequest, ReplyEmpty, Duration)>,
     /// Blocking requests whose retry is at the server now.
     in_flight: HashMap<u64, InFlight>,
-    /// Blocking requests whose current try was sent because of a release here.
+    /// Blocking requests whose current try was sent because of a release (here, or pushed).
     woken: HashSet<u64>,
     /// The longest wait between two tries (MAX_BACKOFF unless overridden).
     max_backoff: Duration,
@@ -420,9 +421,9 @@ impl LockThread {
         }
     }
 
-    /// A lock on `node` was released through this mount: its waiters here try again at
-    /// once (the run loop sends what is due), and a retry at the server now that comes
-    /// back refused is tried again too.
+    /// A lock on `node` was released through this mount, or (pushed) another: its waiters
+    /// here try again at once (the run loop sends what is due), and a retry at the server
+    /// now that comes back refused is tried again too.
     fn wake_waiters(&mut self, node: NodeId) {
         let now = Instant::now();
         let keys: Vec<(Instant, u64)> = (self.waiting.iter())
