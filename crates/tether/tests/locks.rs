@@ -416,9 +416,41 @@ fn a_process_that_closes_and_locks_again_keeps_its_new_lock() {
         for c in counters {
             assert_eq!(c.join().unwrap(), "done");
         }
-        let total = std::fs::read_to_string(m.host()).unwrap();
+        let total = read_under_lock(&m.host(), kind);
         assert_eq!(total.trim(), "1000", "{kind}");
     }
+}
+
+/// `path`'s content, read under a shared lock of `kind` ("flock" or "posix"), as a process
+/// sharing the file under locks would read it. A written-behind write may reach the host a
+/// moment after its process exited, but always before its lock is released there: the
+/// last counter's increment was read short of it without the lock.
+fn read_under_lock(path: &Path, kind: &str) -> String {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::File::open(path).unwrap();
+    let fd = f.as_raw_fd();
+    // SAFETY: plain system calls on a descriptor we own, with a valid flock struct.
+    let r = unsafe {
+        if kind == "flock" {
+            libc::flock(fd, libc::LOCK_SH)
+        } else {
+            let mut l: libc::flock = std::mem::zeroed();
+            l.l_type = libc::F_RDLCK as i16;
+            l.l_whence = libc::SEEK_SET as i16;
+            libc::fcntl(fd, libc::F_SETLKW, &l)
+        }
+    };
+    assert_eq!(
+        r,
+        0,
+        "lock {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    s
 }
 
 /// `lock.py grow KIND GUEST HOST ROUNDS` on `m`'s file: how many of the guest's reads
