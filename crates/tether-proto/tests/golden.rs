@@ -166,6 +166,20 @@ fn assert_frame(what: &str, got: &[u8], expected: &[u8]) {
 }
 
 /// Parses a whole frame's header and returns it with the body.
+/// Checks that `decode` refuses each prefix of `body` cut at `cuts`.
+fn assert_prefixes_fail<T>(
+    decode: impl Fn(Bytes) -> Result<T, DecodeError>,
+    body: &Bytes,
+    cuts: impl Iterator<Item = usize>,
+) {
+    for cut in cuts {
+        assert!(
+            decode(body.slice(..cut)).is_err(),
+            "prefix of {cut} bytes decoded"
+        );
+    }
+}
+
 fn split(frame: &[u8]) -> (FrameHeader, Bytes) {
     let h: [u8; FRAME_HEADER_LEN] = frame[..FRAME_HEADER_LEN].try_into().unwrap();
     let header = FrameHeader::decode(&h, MAX_FRAME_LEN).expect("header decodes");
@@ -2862,12 +2876,7 @@ fn golden_invalidate_push() {
     );
     assert_eq!(decode_invalidate(body.clone()).unwrap().items, items);
     // Every truncation fails cleanly, as do trailing bytes and an unknown item kind.
-    for cut in 0..body.len() {
-        assert!(
-            decode_invalidate(body.slice(..cut)).is_err(),
-            "prefix of {cut} bytes decoded"
-        );
-    }
+    assert_prefixes_fail(decode_invalidate, &body, 0..body.len());
     // A byte after the items starts an events list, which must then be whole.
     let mut longer = body.to_vec();
     longer.push(0);
@@ -2904,12 +2913,7 @@ fn golden_lock_freed_push() {
     );
     assert_eq!(decode_lock_freed(body.clone()).unwrap(), vec![0x1234, 7]);
     // Every truncation fails cleanly, as do trailing bytes.
-    for cut in 0..body.len() {
-        assert!(
-            decode_lock_freed(body.slice(..cut)).is_err(),
-            "prefix of {cut} bytes decoded"
-        );
-    }
+    assert_prefixes_fail(decode_lock_freed, &body, 0..body.len());
     let mut longer = body.to_vec();
     longer.push(0);
     assert!(decode_lock_freed(Bytes::from(longer)).is_err());
@@ -2979,12 +2983,8 @@ fn golden_invalidate_push_with_events() {
     let push = decode_invalidate(body.clone()).unwrap();
     assert_eq!((push.items, push.events), (items, events));
     // Cut after the items it is a valid push without events; every other cut fails.
-    for cut in (5..body.len()).filter(|&cut| cut != 13) {
-        assert!(
-            decode_invalidate(body.slice(..cut)).is_err(),
-            "prefix of {cut} bytes decoded"
-        );
-    }
+    let cuts = (5..body.len()).filter(|&cut| cut != 13);
+    assert_prefixes_fail(decode_invalidate, &body, cuts);
     // An unknown event kind is refused.
     let mut bad = body.to_vec();
     bad[17] = 9;
