@@ -46,6 +46,7 @@ impl StatusServer {
         let dir = path.parent().expect("has a parent");
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        remove_stale_sockets(dir);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         let mp = mountpoint.display().to_string();
@@ -57,6 +58,31 @@ impl StatusServer {
                 }
             })?;
         Ok(StatusServer { path })
+    }
+}
+
+/// Removes the sockets in `dir` no process listens on any more: those of mount processes
+/// that were killed (SIGKILL) or crashed, which could not remove their own. Not one made in
+/// the last seconds: a starting mount's socket refuses connections between its bind and
+/// its listen.
+fn remove_stale_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let young = (e.metadata().and_then(|m| m.modified())).map_or(true, |t| {
+            t.elapsed().map_or(true, |age| age < Duration::from_secs(5))
+        });
+        if !(name.starts_with("mount-") && name.ends_with(".sock")) || young {
+            continue;
+        }
+        if let Err(err) = UnixStream::connect(e.path()) {
+            if err.kind() == io::ErrorKind::ConnectionRefused {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 

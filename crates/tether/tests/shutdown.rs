@@ -174,4 +174,23 @@ fn a_killed_client_leaves_nothing_held_on_the_server() {
     wait_until("the server closes the dead client's descriptors", || {
         fd_count(server_pid) < baseline_mounted - 2
     });
+    // The killed client could not remove its status socket; the next mount to start does
+    // (once it is 5 s old: a starting mount's socket refuses connections for a moment).
+    let stale = tether_client::status::socket_path(&t.mnt);
+    assert!(stale.exists(), "{} is gone already", stale.display());
+    let path = std::ffi::CString::new(stale.as_os_str().as_encoded_bytes()).unwrap();
+    let a_minute_ago = libc::timespec {
+        tv_sec: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+            - 60,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid path and two valid timespecs (a socket cannot be opened to set them).
+    let r =
+        unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), [a_minute_ago; 2].as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat: {}", std::io::Error::last_os_error());
+    let _next = TestMount::start();
+    assert!(!stale.exists(), "{} was left behind", stale.display());
 }
