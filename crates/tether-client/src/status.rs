@@ -72,10 +72,13 @@ fn remove_stale_sockets(dir: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
+        if !(name.starts_with("mount-") && name.ends_with(".sock")) {
+            continue;
+        }
         let young = (e.metadata().and_then(|m| m.modified())).map_or(true, |t| {
             t.elapsed().map_or(true, |age| age < Duration::from_secs(5))
         });
-        if !(name.starts_with("mount-") && name.ends_with(".sock")) || young {
+        if young {
             continue;
         }
         if let Err(err) = UnixStream::connect(e.path()) {
