@@ -11,7 +11,7 @@
 //! it describes may have been computed before that change, so it is not cached (TTL 0).
 //! Requests sent after the push was received were answered after the server saw the change.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -61,6 +61,13 @@ const FIX_WAIT_AT_MOST: Duration = Duration::from_millis(500);
 /// Longest stretch of host-event replays between two looks at new pushes.
 const REPLAY_SLICE: Duration = Duration::from_millis(50);
 
+/// How often a refused `inval_inode` is tried again, and for how long at most
+/// ([`Coherence::retry_refused`]).
+const REFUSED_RETRY_EVERY: Duration = Duration::from_millis(1);
+const REFUSED_RETRY_FOR: Duration = Duration::from_secs(2);
+/// Refused invalidations tried again at most at once (each is one system call a try).
+const REFUSED_AT_MOST: usize = 4096;
+
 /// How long the kernel may keep what the server watches: "until revoked".
 pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -80,6 +87,9 @@ pub struct Counters {
     /// Blocked locks granted on a try sent because a lock was released through this mount
     /// or (pushed) another one (locks.rs), not found by polling.
     pub lock_waits_ended_by_release: AtomicU64,
+    /// Pushed `inval_inode`s the kernel refused because it had not yet made the node's
+    /// inode from the reply that gave it, and took when tried again.
+    pub invalidations_retried: AtomicU64,
 }
 
 pub struct Coherence {
@@ -142,6 +152,9 @@ pub struct Coherence {
     /// Taken around every `inval_inode`, and held by a lock's grant while it asks the
     /// kernel for a file's size ([`Coherence::hold_invalidations`]).
     inval_gate: Mutex<()>,
+    /// Nodes given to the kernel whose pushed `inval_inode` it refused (no such inode),
+    /// with when it first did ([`Coherence::retry_refused`]).
+    refused: Mutex<HashMap<NodeId, Instant>>,
 }
 
 /// What the kernel may hold of a node, for [`Coherence::kernel_holds`].
@@ -244,6 +257,7 @@ impl Coherence {
             names_made: AtomicU64::new(0),
             kernel_holds: DashMap::new(),
             inval_gate: Mutex::new(()),
+            refused: Mutex::new(HashMap::new()),
         })
     }
 
@@ -485,6 +499,7 @@ impl Coherence {
             self.created.remove(&node);
             self.new_dirs.remove(&node);
             self.listing_ends.remove(&node);
+            self.refused.lock().unwrap().remove(&node);
             // Nothing held any more, but a reply being decided about (a LOOKUP racing the
             // FORGET) still counts.
             if let Some(mut h) = self.kernel_holds.get_mut(&node) {
@@ -735,15 +750,19 @@ impl Coherence {
     ) {
         let mut batch = 0;
         loop {
-            // Wake up for the next push, or when the oldest waiting names are due.
-            let due = self.waiting_names.lock().unwrap().front().map(|w| w.due);
-            let first = match due {
+            // Wake up for the next push, when the oldest waiting names are due, or to try
+            // refused invalidations again.
+            let names_due = self.waiting_names.lock().unwrap().front().map(|w| w.due);
+            let retry_due = (!self.refused.lock().unwrap().is_empty())
+                .then(|| Instant::now() + REFUSED_RETRY_EVERY);
+            let first = match names_due.into_iter().chain(retry_due).min() {
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
             };
             let first = match first {
                 Ok(first) => first,
                 Err(RecvTimeoutError::Timeout) => {
+                    self.retry_refused(&notifier);
                     self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
                     continue;
                 }
@@ -779,7 +798,68 @@ impl Coherence {
                 }
                 _ => self.apply(items, &notifier),
             }
+            self.retry_refused(&notifier);
             self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
+        }
+    }
+
+    /// Applies a pushed `inval_inode` of `node`, to be tried again if the kernel has no
+    /// inode for it though it was given the node and has not forgotten it. The kernel makes
+    /// a node's inode on the thread of the request that returned it (a LOOKUP, or each entry
+    /// of a READDIRPLUS), once that thread runs after the reply; a push applied in between
+    /// finds nothing, and the inode is then made with the attributes from before the change,
+    /// cached until revoked. (Seen 80 times in 1,000 host writes racing guest listings under
+    /// load; fsx.rs's rename test once read a file as 0 bytes this way.) A name has no such
+    /// gap: `inval_entry` waits for the directory's lookups and listings to finish.
+    fn inval_pushed(&self, notifier: &Notifier, node: NodeId) {
+        let r = self.inval_inode(notifier, node, 0, 0);
+        tracing::trace!(node, ok = r.is_ok(), "inval_inode");
+        if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+            && self.kernel_given(node)
+        {
+            let mut refused = self.refused.lock().unwrap();
+            if refused.len() < REFUSED_AT_MOST {
+                refused.entry(node).or_insert_with(Instant::now);
+            }
+        }
+        if let Some(f) = self.fixer.get() {
+            f.fix_later(node);
+        }
+    }
+
+    /// Whether the kernel was given `node` (in an entry) and has not forgotten it.
+    fn kernel_given(&self, node: NodeId) -> bool {
+        self.watched.contains_key(&node) || self.unwatched.contains_key(&node)
+    }
+
+    /// Tries the refused invalidations again: each is done once the kernel has the inode,
+    /// or when the node is forgotten (then there was nothing to drop), or given up after
+    /// [`REFUSED_RETRY_FOR`].
+    fn retry_refused(&self, notifier: &Notifier) {
+        let nodes: Vec<(NodeId, Instant)> = {
+            let refused = self.refused.lock().unwrap();
+            refused.iter().map(|(n, t)| (*n, *t)).collect()
+        };
+        for (node, since) in nodes {
+            let r = self.inval_inode(notifier, node, 0, 0);
+            let refused_again = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+            if refused_again && since.elapsed() < REFUSED_RETRY_FOR && self.kernel_given(node) {
+                continue;
+            }
+            self.refused.lock().unwrap().remove(&node);
+            if r.is_ok() {
+                self.counters
+                    .invalidations_retried
+                    .fetch_add(1, Ordering::Relaxed);
+                if let Some(f) = self.fixer.get() {
+                    f.fix_later(node);
+                }
+            } else if refused_again && self.kernel_given(node) {
+                tracing::debug!(
+                    node,
+                    "the kernel never made the node's inode: not invalidated"
+                );
+            }
         }
     }
 
@@ -849,13 +929,7 @@ impl Coherence {
             self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
             // Errors mean the kernel holds nothing for it (already forgotten): fine.
             match item {
-                Invalidation::Inode(n) => {
-                    let r = self.inval_inode(notifier, n, 0, 0);
-                    tracing::trace!(node = n, ok = r.is_ok(), "inval_inode");
-                    if let Some(f) = self.fixer.get() {
-                        f.fix_later(n);
-                    }
-                }
+                Invalidation::Inode(n) => self.inval_pushed(notifier, n),
                 Invalidation::Entry { parent, name } => {
                     let r = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
                     tracing::trace!(parent, name = %String::from_utf8_lossy(&name), ok = r.is_ok(), "inval_entry");
@@ -870,10 +944,7 @@ impl Coherence {
                         .map(|e| *e.key())
                         .collect();
                     for n in nodes {
-                        let _ = self.inval_inode(notifier, n, 0, 0);
-                        if let Some(f) = self.fixer.get() {
-                            f.fix_later(n);
-                        }
+                        self.inval_pushed(notifier, n);
                     }
                     if !bumped {
                         let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");

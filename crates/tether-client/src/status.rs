@@ -176,6 +176,7 @@ fn answer(
          {} failed)\nownership: {ownership}\ncaching: {caching}\n\
          unwatched nodes: {unwatched}\npushes received: {}\ninvalidations applied: {}\n\
          invalidations not needed (the kernel held nothing since the last): {}\n\
+         invalidations applied again once the kernel had made the node: {}\n\
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
          partly written page runs dropped: {}\n\
@@ -195,6 +196,7 @@ fn answer(
         co.counters.pushes.load(Ordering::Relaxed),
         co.counters.invalidations.load(Ordering::Relaxed),
         co.counters.invalidations_unneeded.load(Ordering::Relaxed),
+        co.counters.invalidations_retried.load(Ordering::Relaxed),
         sent.join(", "),
         co.counters.listed.load(Ordering::Relaxed),
         co.counters.listing_most.load(Ordering::Relaxed),

@@ -7,10 +7,12 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{status, wait_until, TestMount};
+use common::{
+    make_fifo, on_cpu0, status, wait_until, waits_for_a_fifo, waits_in_fuse, Killed, TestMount,
+};
 
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -202,48 +204,6 @@ fn a_mount_refused_memory_for_its_rings_serves_through_dev_fuse() {
         log.contains("io_uring not used: cannot map"),
         "the log does not say why io_uring is off:\n{log}"
     );
-}
-
-/// A process pinned to CPU 0 (the kernel queues its requests on CPU 0's ring).
-fn on_cpu0(program: &str) -> Command {
-    let mut c = Command::new("taskset");
-    c.args(["-c", "0", program]);
-    c
-}
-
-/// Where process `pid` sleeps in the kernel.
-fn wchan(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
-}
-
-/// Whether process `pid` sleeps waiting for the answer to a FUSE request.
-fn waits_in_fuse(pid: u32) -> bool {
-    wchan(pid) == "request_wait_answer"
-}
-
-/// Whether process `pid` sleeps opening a FIFO no one writes to yet.
-fn waits_for_a_fifo(pid: u32) -> bool {
-    wchan(pid) == "wait_for_partner"
-}
-
-fn make_fifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-    assert_eq!(r, 0, "mkfifo: {}", std::io::Error::last_os_error());
-}
-
-/// Processes killed (and reaped) when this is dropped, however the test ends: a waiter
-/// left blocked on the mount would keep it busy.
-struct Killed(Vec<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        for c in self.0.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Starves the thread serving CPU 0's ring queue in the mount process: it is scheduled

@@ -77,10 +77,13 @@ impl Notifier {
     /// Invalidate the kernel cache for a given inode (metadata and
     /// data in the given range)
     /// # Errors
-    /// Returns an error if the kernel rejects the notification.
+    /// Returns an error if the kernel rejects the notification, including
+    /// `NotFound` when it has no inode for `ino`: unlike a dentry, an inode
+    /// may be missing only because the request that returned it has not yet
+    /// been taken in by the kernel, so the caller decides whether that matters.
     pub fn inval_inode(&self, ino: INodeNo, offset: i64, len: i64) -> io::Result<()> {
         let notif = Notification::new_inval_inode(ino, offset, len);
-        self.send_inval(notify_code::FUSE_NOTIFY_INVAL_INODE, &notif)
+        self.send(notify_code::FUSE_NOTIFY_INVAL_INODE, &notif)
     }
 
     /// Update the kernel's cached copy of a given inode's data

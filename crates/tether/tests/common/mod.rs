@@ -204,6 +204,16 @@ pub fn sent(report: &str, op: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// The number that follows `label: ` on a line of a status report.
+pub fn counted(report: &str, label: &str) -> u64 {
+    let rest = report
+        .lines()
+        .find_map(|l| l.strip_prefix(label)?.strip_prefix(": "))
+        .unwrap_or_else(|| panic!("no \"{label}\" in status:\n{report}"));
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().unwrap()
+}
+
 pub fn is_mounted(mnt: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let want = mnt.to_string_lossy();
@@ -383,5 +393,48 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A process pinned to CPU 0 (with `--io-uring`, the kernel queues its requests on CPU
+/// 0's ring).
+pub fn on_cpu0(program: &str) -> Command {
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", program]);
+    c
+}
+
+/// Where process `pid` sleeps in the kernel.
+pub fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+/// Whether process `pid` sleeps waiting for the answer to a FUSE request.
+pub fn waits_in_fuse(pid: u32) -> bool {
+    wchan(pid) == "request_wait_answer"
+}
+
+/// Whether process `pid` sleeps opening a FIFO no one writes to yet.
+pub fn waits_for_a_fifo(pid: u32) -> bool {
+    wchan(pid) == "wait_for_partner"
+}
+
+pub fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(r, 0, "mkfifo: {}", std::io::Error::last_os_error());
+}
+
+/// Processes killed (and reaped) when this is dropped, however the test ends: a waiter
+/// left blocked on the mount would keep it busy.
+pub struct Killed(pub Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
