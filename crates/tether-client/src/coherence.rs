@@ -61,10 +61,14 @@ const FIX_WAIT_AT_MOST: Duration = Duration::from_millis(500);
 /// Longest stretch of host-event replays between two looks at new pushes.
 const REPLAY_SLICE: Duration = Duration::from_millis(50);
 
-/// How often a refused `inval_inode` is tried again, and for how long at most
-/// ([`Coherence::retry_refused`]).
-const REFUSED_RETRY_EVERY: Duration = Duration::from_millis(1);
-const REFUSED_RETRY_FOR: Duration = Duration::from_secs(2);
+/// A refused `inval_inode` is tried again only for a node given to the kernel this
+/// recently: one given earlier is an inode the kernel dropped, whose FORGET is on its way.
+const REFUSED_GIVEN_WITHIN: Duration = Duration::from_secs(2);
+/// It is tried again after 1 ms, then twice as long each time up to the longest wait,
+/// until the kernel takes it, forgets the node, or the whole time has passed.
+const REFUSED_FIRST_WAIT: Duration = Duration::from_millis(1);
+const REFUSED_LONGEST_WAIT: Duration = Duration::from_millis(100);
+const REFUSED_RETRY_FOR: Duration = Duration::from_secs(10);
 /// Refused invalidations tried again at most at once (each is one system call a try).
 const REFUSED_AT_MOST: usize = 4096;
 
@@ -108,10 +112,11 @@ pub struct Coherence {
     /// not in `invalidated`, to a request sent before it, may predate a change pushed for
     /// a node the kernel forgot meanwhile (a LOOKUP racing the FORGET), so it is not fresh.
     forgotten_floor: AtomicU64,
-    /// Nodes whose entries the server marked as watched.
-    watched: DashMap<NodeId, ()>,
+    /// Nodes whose entries the server marked as watched, with when the kernel was last
+    /// given one.
+    watched: DashMap<NodeId, Instant>,
     /// Nodes the server could not watch (they fall back to the mount's timeout).
-    unwatched: DashMap<NodeId, ()>,
+    unwatched: DashMap<NodeId, Instant>,
     queue: Sender<InvalidatePush>,
     pending: Mutex<Option<Receiver<InvalidatePush>>>,
     pub counters: Counters,
@@ -152,9 +157,9 @@ pub struct Coherence {
     /// Taken around every `inval_inode`, and held by a lock's grant while it asks the
     /// kernel for a file's size ([`Coherence::hold_invalidations`]).
     inval_gate: Mutex<()>,
-    /// Nodes given to the kernel whose pushed `inval_inode` it refused (no such inode),
-    /// with when it first did ([`Coherence::retry_refused`]).
-    refused: Mutex<HashMap<NodeId, Instant>>,
+    /// Nodes just given to the kernel whose pushed `inval_inode` it refused (no such
+    /// inode yet), to be tried again ([`Coherence::retry_refused`]).
+    refused: Mutex<HashMap<NodeId, Refused>>,
 }
 
 /// What the kernel may hold of a node, for [`Coherence::kernel_holds`].
@@ -189,6 +194,14 @@ impl Drop for Caching<'_> {
     }
 }
 
+/// A refused `inval_inode` to try again.
+#[derive(Clone, Copy)]
+struct Refused {
+    since: Instant,
+    next: Instant,
+    wait: Duration,
+}
+
 /// Where a listing of a directory ended, and what must not have changed since.
 struct ListingEnd {
     /// The cookie of the last entry: the kernel's next READDIR asks from there.
@@ -208,6 +221,10 @@ const LISTING_END_FOR: Duration = Duration::from_secs(1);
 /// Past this many names a new directory is no longer tracked (the memory is not worth it:
 /// the kernel caches the negative entries it looks up anyway).
 const NEW_DIR_NAMES_AT_MOST: usize = 4096;
+
+fn is_not_found(r: &std::io::Result<()>) -> bool {
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
 
 /// FUSE_NOTIFY_INC_EPOCH: every dentry of the mount, positive or negative, must be looked
 /// up again before it is used. A notification is an out header with `unique` 0 and the
@@ -263,7 +280,7 @@ impl Coherence {
 
     pub fn enable(&self) {
         self.enabled.store(true, Ordering::Relaxed);
-        self.watched.insert(ROOT_NODE, ());
+        self.watched.insert(ROOT_NODE, Instant::now());
     }
 
     pub fn enabled(&self) -> bool {
@@ -332,12 +349,12 @@ impl Coherence {
 
     pub fn set_watched(&self, node: NodeId, watched: bool) {
         if watched {
-            self.watched.insert(node, ());
+            self.watched.insert(node, Instant::now());
             self.unwatched.remove(&node);
         } else {
             self.watched.remove(&node);
             if self.enabled()
-                && self.unwatched.insert(node, ()).is_none()
+                && self.unwatched.insert(node, Instant::now()).is_none()
                 && self.unwatched.len() == 1
             {
                 tracing::warn!(
@@ -353,6 +370,16 @@ impl Coherence {
         self.set_watched(e.node, e.flags & tether_proto::entry_flags::WATCHED != 0);
         if let Some(f) = self.fixer.get() {
             f.entry_given(e.node, e.generation, e.attr.mode);
+        }
+    }
+
+    /// An entry of a node the kernel did not hold, recorded by [`Coherence::entry_given`],
+    /// did not reach it after all (it did not fit in a listing's reply): no FORGET will come
+    /// for it.
+    pub fn entry_not_given(&self, node: NodeId) {
+        if node != ROOT_NODE {
+            self.watched.remove(&node);
+            self.unwatched.remove(&node);
         }
     }
 
@@ -753,8 +780,7 @@ impl Coherence {
             // Wake up for the next push, when the oldest waiting names are due, or to try
             // refused invalidations again.
             let names_due = self.waiting_names.lock().unwrap().front().map(|w| w.due);
-            let retry_due = (!self.refused.lock().unwrap().is_empty())
-                .then(|| Instant::now() + REFUSED_RETRY_EVERY);
+            let retry_due = self.refused.lock().unwrap().values().map(|r| r.next).min();
             let first = match names_due.into_iter().chain(retry_due).min() {
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
@@ -814,12 +840,21 @@ impl Coherence {
     fn inval_pushed(&self, notifier: &Notifier, node: NodeId) {
         let r = self.inval_inode(notifier, node, 0, 0);
         tracing::trace!(node, ok = r.is_ok(), "inval_inode");
-        if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-            && self.kernel_given(node)
-        {
+        let just_given = self
+            .last_given(node)
+            .is_some_and(|at| at.elapsed() < REFUSED_GIVEN_WITHIN);
+        if is_not_found(&r) && just_given {
+            let now = Instant::now();
             let mut refused = self.refused.lock().unwrap();
             if refused.len() < REFUSED_AT_MOST {
-                refused.entry(node).or_insert_with(Instant::now);
+                refused.entry(node).or_insert(Refused {
+                    since: now,
+                    next: now + REFUSED_FIRST_WAIT,
+                    wait: REFUSED_FIRST_WAIT,
+                });
+            } else {
+                drop(refused);
+                self.gave_up_on(node);
             }
         }
         if let Some(f) = self.fixer.get() {
@@ -827,40 +862,57 @@ impl Coherence {
         }
     }
 
-    /// Whether the kernel was given `node` (in an entry) and has not forgotten it.
-    fn kernel_given(&self, node: NodeId) -> bool {
-        self.watched.contains_key(&node) || self.unwatched.contains_key(&node)
+    /// When the kernel was last given `node` (in an entry), if it has not forgotten it.
+    pub fn last_given(&self, node: NodeId) -> Option<Instant> {
+        (self.watched.get(&node).map(|t| *t)).or_else(|| self.unwatched.get(&node).map(|t| *t))
     }
 
-    /// Tries the refused invalidations again: each is done once the kernel has the inode,
-    /// or when the node is forgotten (then there was nothing to drop), or given up after
-    /// [`REFUSED_RETRY_FOR`].
+    /// Tries the refused invalidations that are due again: each is done once the kernel
+    /// has the inode, or when the node is forgotten (there was nothing to drop), or given
+    /// up after [`REFUSED_RETRY_FOR`].
     fn retry_refused(&self, notifier: &Notifier) {
-        let nodes: Vec<(NodeId, Instant)> = {
+        let now = Instant::now();
+        let due: Vec<(NodeId, Refused)> = {
             let refused = self.refused.lock().unwrap();
-            refused.iter().map(|(n, t)| (*n, *t)).collect()
+            (refused.iter())
+                .filter(|(_, r)| r.next <= now)
+                .map(|(n, r)| (*n, *r))
+                .collect()
         };
-        for (node, since) in nodes {
-            let r = self.inval_inode(notifier, node, 0, 0);
-            let refused_again = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-            if refused_again && since.elapsed() < REFUSED_RETRY_FOR && self.kernel_given(node) {
+        for (node, r) in due {
+            let result = self.inval_inode(notifier, node, 0, 0);
+            let mut refused = self.refused.lock().unwrap();
+            if is_not_found(&result) && self.last_given(node).is_some() {
+                if r.since.elapsed() < REFUSED_RETRY_FOR {
+                    let wait = (r.wait * 2).min(REFUSED_LONGEST_WAIT);
+                    let next = Instant::now() + wait;
+                    refused.insert(node, Refused { next, wait, ..r });
+                    continue;
+                }
+                refused.remove(&node);
+                drop(refused);
+                self.gave_up_on(node);
                 continue;
             }
-            self.refused.lock().unwrap().remove(&node);
-            if r.is_ok() {
-                self.counters
-                    .invalidations_retried
-                    .fetch_add(1, Ordering::Relaxed);
+            refused.remove(&node);
+            drop(refused);
+            if result.is_ok() {
+                (self.counters.invalidations_retried).fetch_add(1, Ordering::Relaxed);
                 if let Some(f) = self.fixer.get() {
                     f.fix_later(node);
                 }
-            } else if refused_again && self.kernel_given(node) {
-                tracing::debug!(
-                    node,
-                    "the kernel never made the node's inode: not invalidated"
-                );
             }
         }
+    }
+
+    /// A refused invalidation of `node` is not tried again. If the kernel makes the inode
+    /// after all, the next push must still be applied, not skipped as unneeded.
+    fn gave_up_on(&self, node: NodeId) {
+        tracing::debug!(
+            node,
+            "the kernel has no inode for a node it was given: not invalidated"
+        );
+        self.kernel_may_hold(node);
     }
 
     /// Applies the waiting name invalidations from the oldest on, as long as `ready`.
@@ -927,7 +979,8 @@ impl Coherence {
                 }
             }
             self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
-            // Errors mean the kernel holds nothing for it (already forgotten): fine.
+            // Errors mean the kernel holds nothing for it (already forgotten, or not yet
+            // made: `inval_pushed`).
             match item {
                 Invalidation::Inode(n) => self.inval_pushed(notifier, n),
                 Invalidation::Entry { parent, name } => {

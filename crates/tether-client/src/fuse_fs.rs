@@ -1642,6 +1642,7 @@ impl Filesystem for TetherFs {
                     if !full {
                         // Returns whether the kernel got a lookup of the entry.
                         let mut give = || {
+                            let before = co.last_given(entry.node);
                             if e.entry.is_some() {
                                 co.entry_given(&entry);
                             }
@@ -1654,6 +1655,10 @@ impl Filesystem for TetherFs {
                                 &file_attr(&entry.attr),
                                 Generation(entry.generation),
                             );
+                            if full && e.entry.is_some() && before.is_none() {
+                                // It did not fit: the kernel never got it.
+                                co.entry_not_given(entry.node);
+                            }
                             if !full {
                                 fitted += fuse_dirent_size(e.name.len(), true);
                                 if e.entry.is_some() {

@@ -1147,7 +1147,7 @@ const APPLIED_AGAIN: &str = "invalidations applied again once the kernel had mad
 /// after that reply, and lets the stat finish once the change's push was applied. Returns
 /// the status report from just before the change.
 fn change_during_a_held_back_lookup(t: &TestMount, name: &str, change: impl FnOnce()) -> String {
-    let go = t.dir.path().join(format!("go-{name}"));
+    let go = t.dir.path().join(format!("go-{}", name.replace('/', "-")));
     make_fifo(&go);
     let mut looker = Killed(vec![on_cpu0("chrt")
         .args([
@@ -1195,6 +1195,10 @@ fn change_during_a_held_back_lookup(t: &TestMount, name: &str, change: impl FnOn
         Duration::from_secs(5),
         || counted(&status(&t.mnt), APPLIED) > counted(&before, APPLIED),
     );
+    // Back to normal priority: other tests may keep CPU 0 busy too.
+    let _ = std::process::Command::new("chrt")
+        .args(["-o", "-p", "0", &pid.to_string()])
+        .status();
     drop(busy);
     wait_until("the looker ends", Duration::from_secs(10), || {
         matches!(looker.0[0].try_wait(), Ok(Some(_)))
@@ -1216,6 +1220,11 @@ fn a_change_pushed_before_the_kernel_made_the_node_is_not_lost() {
     let t = TestMount::start_with(&[], NO_TIMEOUT);
     const ROUNDS: usize = 10;
     for round in 0..ROUNDS {
+        if round > 0 {
+            // Two LOOKUPs that miss in one directory within 0.5 s start a listing of it
+            // (prefetch.rs), which would make the next file's inode on another thread.
+            std::thread::sleep(Duration::from_millis(600));
+        }
         let name = format!("f{round}");
         let host = t.export.join(&name);
         fs::write(&host, vec![b'1'; 4096]).unwrap();
