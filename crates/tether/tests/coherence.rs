@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    counted, make_fifo, on_cpu0, poll_until, sent, status, wait_until, waits_for_a_fifo, Killed,
-    Mount, TestMount,
+    counted, keep_cpu0_busy, make_fifo, on_cpu0, poll_until, sent, status, wait_until,
+    waits_for_a_fifo, Killed, Mount, TestMount,
 };
 
 /// The POSIX suite's thin syscall wrappers (xattrs here).
@@ -1168,16 +1168,7 @@ fn change_during_a_held_back_lookup(t: &TestMount, name: &str, change: impl FnOn
     wait_until("the looker waits to go", Duration::from_secs(10), || {
         waits_for_a_fifo(pid)
     });
-    let busy = Killed(vec![on_cpu0("sh")
-        .args(["-c", "while :; do :; done"])
-        .spawn()
-        .unwrap()]);
-    // Started, the looker would run its stat at once.
-    let busy_pid = busy.0[0].id();
-    wait_until("the busy loop runs", Duration::from_secs(10), || {
-        let comm = fs::read_to_string(format!("/proc/{busy_pid}/comm")).unwrap_or_default();
-        comm.trim() == "sh" && common::wchan(busy_pid) == "0"
-    });
+    let busy = keep_cpu0_busy();
     std::thread::sleep(Duration::from_millis(20));
     let lookups = sent(&status(&t.mnt), "LOOKUP");
     drop(fs::OpenOptions::new().write(true).open(&go).unwrap());

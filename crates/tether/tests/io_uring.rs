@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    make_fifo, on_cpu0, status, wait_until, waits_for_a_fifo, waits_in_fuse, Killed, TestMount,
+    keep_cpu0_busy, make_fifo, on_cpu0, status, wait_until, waits_for_a_fifo, waits_in_fuse,
+    Killed, TestMount,
 };
 
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -227,10 +228,7 @@ fn starve_queue_thread_of_cpu0(mount: &common::Mount) -> Killed {
     // SAFETY: a plain system call on a thread id with a valid parameter block.
     let r = unsafe { libc::sched_setscheduler(queue_thread, libc::SCHED_IDLE, &param) };
     assert_eq!(r, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
-    Killed(vec![on_cpu0("sh")
-        .args(["-c", "while :; do :; done"])
-        .spawn()
-        .unwrap()])
+    keep_cpu0_busy()
 }
 
 #[test]

@@ -404,6 +404,21 @@ pub fn on_cpu0(program: &str) -> Command {
     c
 }
 
+/// A shell loop that keeps CPU 0 busy until the result is dropped. Waits until it runs:
+/// a process at idle priority there would otherwise run in the meantime.
+pub fn keep_cpu0_busy() -> Killed {
+    let busy = Killed(vec![on_cpu0("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap()]);
+    let pid = busy.0[0].id();
+    wait_until("the busy loop runs", Duration::from_secs(10), || {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        comm.trim() == "sh" && wchan(pid) == "0"
+    });
+    busy
+}
+
 /// Where process `pid` sleeps in the kernel.
 pub fn wchan(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
