@@ -151,8 +151,8 @@ fn use_a_little(mnt: &Path) {
 #[test]
 fn a_mount_refused_memory_for_its_rings_serves_through_dev_fuse() {
     require_uring!();
-    if std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--io-uring")) {
-        eprintln!("SKIPPED: measures a /dev/fuse mount, and TETHER_TEST_MOUNT_ARGS has --io-uring");
+    // It measures a /dev/fuse mount.
+    if common::skipped_with("--io-uring") {
         return;
     }
     // One malloc arena, so that the address space depends on threads and buffers only.

@@ -12,17 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{TestMount, Tmpfs};
-
-/// Whether the suite runs every mount with `flag` (TETHER_TEST_MOUNT_ARGS): says so.
-fn skipped_with(flag: &str) -> bool {
-    let args = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
-    let skip = args.split_whitespace().any(|a| a == flag);
-    if skip {
-        eprintln!("SKIPPED: not for mounts with {flag}");
-    }
-    skip
-}
+use common::{skipped_with, TestMount, Tmpfs};
 
 /// Write-behind is for written-through mounts: the writeback cache has nothing to check here.
 fn skipped_with_the_writeback_cache() -> bool {
@@ -104,7 +94,7 @@ fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
     );
     // Creations are answered early only with --create-behind.
     let status = common::status(&t.mnt);
-    if !std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--create-behind")) {
+    if !common::suite_mounts_with("--create-behind") {
         assert!(
             status.contains("file creations wait for the server"),
             "{status}"

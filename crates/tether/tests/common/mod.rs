@@ -204,6 +204,21 @@ pub fn sent(report: &str, op: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// Whether the suite runs every mount with `flag` (TETHER_TEST_MOUNT_ARGS).
+pub fn suite_mounts_with(flag: &str) -> bool {
+    let args = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
+    args.split_whitespace().any(|a| a == flag)
+}
+
+/// [`suite_mounts_with`], saying that the calling test is skipped for it.
+pub fn skipped_with(flag: &str) -> bool {
+    let skip = suite_mounts_with(flag);
+    if skip {
+        eprintln!("SKIPPED: not for mounts with {flag} (TETHER_TEST_MOUNT_ARGS)");
+    }
+    skip
+}
+
 /// The number that follows `label: ` on a line of a status report.
 pub fn counted(report: &str, label: &str) -> u64 {
     let rest = report
