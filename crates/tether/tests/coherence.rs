@@ -1151,7 +1151,7 @@ const APPLIED_AGAIN: &str = "invalidations applied again once the kernel had mad
 /// after that reply, and lets the stat finish once the change's push was applied. Returns
 /// the status report from just before the change.
 fn change_during_a_held_back_lookup(t: &TestMount, name: &str, change: impl FnOnce()) -> String {
-    let go = t.dir.path().join(format!("go-{}", name.replace('/', "-")));
+    let go = t.dir.path().join(format!("go-{name}"));
     make_fifo(&go);
     let mut looker = Killed(vec![on_cpu0("chrt")
         .args([
