@@ -840,10 +840,9 @@ impl Coherence {
     fn inval_pushed(&self, notifier: &Notifier, node: NodeId) {
         let r = self.inval_inode(notifier, node, 0, 0);
         tracing::trace!(node, ok = r.is_ok(), "inval_inode");
-        let just_given = self
-            .last_given(node)
-            .is_some_and(|at| at.elapsed() < REFUSED_GIVEN_WITHIN);
-        if is_not_found(&r) && just_given {
+        let just_given =
+            || (self.last_given(node)).is_some_and(|at| at.elapsed() < REFUSED_GIVEN_WITHIN);
+        if is_not_found(&r) && just_given() {
             let now = Instant::now();
             let mut refused = self.refused.lock().unwrap();
             if refused.len() < REFUSED_AT_MOST {

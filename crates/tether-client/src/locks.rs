@@ -379,11 +379,7 @@ impl LockThread {
                     }
                     Err(WireErrno::EAGAIN) if interrupted => reply.error(Errno::EINTR),
                     // The server may have refused it before the release here: again, now.
-                    Err(WireErrno::EAGAIN) if released_since => {
-                        self.woken.insert(req.unique);
-                        let key = (Instant::now(), req.unique);
-                        self.waiting.insert(key, (req, reply, FIRST_BACKOFF));
-                    }
+                    Err(WireErrno::EAGAIN) if released_since => self.retry_now(req, reply),
                     Err(WireErrno::EAGAIN) => {
                         let next = (backoff * 2).min(self.max_backoff);
                         self.waiting
@@ -425,21 +421,26 @@ impl LockThread {
     /// here try again at once (the run loop sends what is due), and a retry at the server
     /// now that comes back refused is tried again too.
     fn wake_waiters(&mut self, node: NodeId) {
-        let now = Instant::now();
         let keys: Vec<(Instant, u64)> = (self.waiting.iter())
             .filter(|(_, (req, _, _))| req.node == node)
             .map(|(key, _)| *key)
             .collect();
         for key in keys {
             if let Some((req, reply, _)) = self.waiting.remove(&key) {
-                self.woken.insert(req.unique);
-                self.waiting
-                    .insert((now, req.unique), (req, reply, FIRST_BACKOFF));
+                self.retry_now(req, reply);
             }
         }
         for flight in self.in_flight.values_mut().filter(|f| f.node == node) {
             flight.released_since = true;
         }
+    }
+
+    /// Queues `req` to be tried again at once, because of a release, with its backoff
+    /// starting over.
+    fn retry_now(&mut self, req: LockRequest, reply: ReplyEmpty) {
+        self.woken.insert(req.unique);
+        let key = (Instant::now(), req.unique);
+        self.waiting.insert(key, (req, reply, FIRST_BACKOFF));
     }
 
     /// Sends `req` to the server under its owner's current generation. A grant is recorded

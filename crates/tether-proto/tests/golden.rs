@@ -165,7 +165,6 @@ fn assert_frame(what: &str, got: &[u8], expected: &[u8]) {
     }
 }
 
-/// Parses a whole frame's header and returns it with the body.
 /// Checks that `decode` refuses each prefix of `body` cut at `cuts`.
 fn assert_prefixes_fail<T>(
     decode: impl Fn(Bytes) -> Result<T, DecodeError>,
@@ -180,6 +179,7 @@ fn assert_prefixes_fail<T>(
     }
 }
 
+/// Parses a whole frame's header and returns it with the body.
 fn split(frame: &[u8]) -> (FrameHeader, Bytes) {
     let h: [u8; FRAME_HEADER_LEN] = frame[..FRAME_HEADER_LEN].try_into().unwrap();
     let header = FrameHeader::decode(&h, MAX_FRAME_LEN).expect("header decodes");

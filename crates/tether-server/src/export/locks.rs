@@ -133,6 +133,10 @@ impl LockWaits {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.files.lock().unwrap().is_empty()
+    }
+
     /// The session ended: nothing to tell it any more.
     pub fn end_session(&self, session: u64) {
         let mut files = self.files.lock().unwrap();
@@ -270,7 +274,7 @@ impl ExportFs {
         }
         // An unlock, or a read lock of an owner that held one here (maybe a write lock).
         if lock.typ == lock_type::UNLOCK || (lock.typ == lock_type::READ && !new) {
-            self.locks_freed(file_key(fd.as_fd()));
+            self.locks_freed(self.waited_files([fd.as_fd()]));
         }
         Ok(Reply::Empty)
     }
@@ -283,10 +287,20 @@ impl ExportFs {
         }
     }
 
-    /// This session released or downgraded a lock on file `key`.
-    fn locks_freed(&self, key: Option<FileKey>) {
-        if let Some(key) = key {
-            let by = self.lock_wake.as_ref().map_or(0, |w| w.session);
+    /// The files open as `fds`, as [`LockWaits`] names them. None while no session waits
+    /// for a lock anywhere: then a release costs no `fstat`.
+    fn waited_files<'a>(&self, fds: impl IntoIterator<Item = BorrowedFd<'a>>) -> HashSet<FileKey> {
+        if self.export.lock_waits.is_empty() {
+            return HashSet::new();
+        }
+        fds.into_iter().filter_map(file_key).collect()
+    }
+
+    /// This session released or downgraded locks on `files`: other sessions refused a lock
+    /// on one of them hear of it.
+    fn locks_freed(&self, files: HashSet<FileKey>) {
+        let by = self.lock_wake.as_ref().map_or(0, |w| w.session);
+        for key in files {
             self.export.lock_waits.freed(key, by);
         }
     }
@@ -294,11 +308,9 @@ impl ExportFs {
     /// Drops the owners' descriptions `gone` (their locks go with them), then tells other
     /// sessions waiting on those files.
     fn drop_owners(&self, gone: Vec<Arc<OwnerFd>>) {
-        let keys: HashSet<Option<FileKey>> = gone.iter().map(|o| file_key(o.fd.as_fd())).collect();
+        let files = self.waited_files(gone.iter().map(|o| o.fd.as_fd()));
         drop(gone);
-        for key in keys {
-            self.locks_freed(key);
-        }
+        self.locks_freed(files);
     }
 
     /// FORGET of `node`: the guest holds no file open on it, so no lock either.
