@@ -94,6 +94,8 @@ pub struct Counters {
     /// Pushed `inval_inode`s the kernel refused because it had not yet made the node's
     /// inode from the reply that gave it, and took when tried again.
     pub invalidations_retried: AtomicU64,
+    /// READs answered from what this mount wrote to a small file (written_files.rs).
+    pub reads_from_written_files: AtomicU64,
 }
 
 pub struct Coherence {

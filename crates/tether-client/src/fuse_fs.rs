@@ -34,6 +34,7 @@ use crate::rpc::{Connection, ReplyResult};
 use crate::spares::{self, PoolKey, Spares};
 use crate::write_behind::{self, WriteBehind};
 use crate::writeback::AttrFixer;
+use crate::written_files::WrittenFiles;
 
 /// What a READDIRPLUS asks the server for at most: glibc's readdir buffer (the kernel's,
 /// since Linux 6.x, is the caller's getdents size).
@@ -102,6 +103,8 @@ pub struct TetherFs {
     write_behind: Arc<WriteBehind>,
     /// Files made ahead, for creations answered before the server named them (spares.rs).
     spares: Arc<Spares>,
+    /// What this mount wrote to small files, to answer READs of them (written_files.rs).
+    written: Arc<WrittenFiles>,
 }
 
 impl TetherFs {
@@ -137,7 +140,14 @@ impl TetherFs {
             killpriv: false,
             write_behind,
             spares,
+            written: Arc::default(),
         }
+    }
+
+    /// Whether written-through files are kept to answer READs (written_files.rs): the
+    /// server pushes invalidations, and every write waits for the server.
+    fn keeps_written(&self) -> bool {
+        self.co.enabled() && self.co.fixer().is_none() && !self.write_behind.on()
     }
 
     pub fn known(&self) -> Arc<Known> {
@@ -757,9 +767,21 @@ impl TetherFs {
     /// after it (feature WRITE_ATTR), which the client keeps to answer the kernel's next
     /// GETATTR of the file itself (known_attrs.rs).
     fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
-        let written = match msg {
-            Request::Write { node, .. } => Some(node),
-            _ => None,
+        let (written, kept) = match &msg {
+            Request::Write {
+                node, offset, data, ..
+            } => {
+                let kept = self.keeps_written().then(|| {
+                    let writing = self.written.writing(*node);
+                    (writing, *offset, data.clone())
+                });
+                (Some(*node), kept)
+            }
+            Request::CopyFileRange { node_out, .. } => {
+                self.written.drop_copy(*node_out);
+                (None, None)
+            }
+            _ => (None, None),
         };
         let (co, sent, known_attrs) = (self.co.clone(), self.co.now(), self.known_attrs.clone());
         let counted = written.map(|node| (node, known_attrs.asking(node)));
@@ -767,6 +789,10 @@ impl TetherFs {
             Reply::Written { size, attr } => {
                 if let Some((node, counted)) = counted {
                     known_attrs.learn(node, counted, attr.as_deref(), sent, &co);
+                }
+                if let Some((writing, offset, data)) = kept {
+                    let whole = size == data.len() as u64;
+                    writing.finished(offset, &data, whole, &co);
                 }
                 reply.written(size.min(u32::MAX as u64) as u32);
                 Ok(())
@@ -1145,6 +1171,7 @@ impl Filesystem for TetherFs {
             self.prefetch.forgotten(ino.0, parent);
             self.pages.forget(ino.0);
             self.known_attrs.forget(ino.0);
+            self.written.drop_copy(ino.0);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
             if let Some(l) = &self.locks {
                 l.forgotten(ino.0);
@@ -1234,7 +1261,24 @@ impl Filesystem for TetherFs {
             fh,
             set,
         };
-        self.attr_call(req, ino.0, msg, reply);
+        if size.is_none() {
+            return self.attr_call(req, ino.0, msg, reply);
+        }
+        // The data changes: a copy of it goes, and one starts again from a truncation to 0
+        // (an O_TRUNC open, in no-open mode).
+        self.written.drop_copy(ino.0);
+        let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, ino.0);
+        let emptied = (size == Some(0) && self.keeps_written())
+            .then(|| (self.written.clone(), self.co.clone(), self.co.now()));
+        self.call(req, msg, reply, move |reply, r| {
+            // Before the kernel hears: its next write to the file must find the copy.
+            if let (true, Some((written, co, sent))) =
+                (matches!(&r, Reply::Attr(a) if a.size == 0), emptied)
+            {
+                written.start(ino.0, sent, &co);
+            }
+            answer(reply, r)
+        });
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
@@ -1403,6 +1447,12 @@ impl Filesystem for TetherFs {
         reply: ReplyData,
     ) {
         self.pages.reading(ino.0, offset, size.into());
+        if self.keeps_written() {
+            if let Some(data) = self.written.read(ino.0, offset, size, &self.co) {
+                reply.data(&data);
+                return;
+            }
+        }
         let msg = Request::Read {
             node: ino.0,
             fh: fh.0,
@@ -1846,6 +1896,7 @@ impl Filesystem for TetherFs {
         let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
         let created = name(n);
         let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.asking(dir));
+        let written = self.keeps_written().then(|| self.written.clone());
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Create {
                 entry,
@@ -1860,6 +1911,9 @@ impl Filesystem for TetherFs {
                     true
                 });
                 co.name_made(dir, &created);
+                if let Some(written) = written.filter(|_| entry.attr.size == 0) {
+                    written.start(entry.node, sent, &co);
+                }
                 let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                 // After what this reply itself tells is decided, before the kernel hears.
                 co.changed_here(dir);
@@ -1918,6 +1972,7 @@ impl Filesystem for TetherFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.written.drop_copy(ino.0);
         let msg = Request::Fallocate {
             node: ino.0,
             fh: fh.0,

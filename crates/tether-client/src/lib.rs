@@ -17,6 +17,7 @@ pub mod status;
 mod sys;
 pub mod write_behind;
 pub mod writeback;
+pub mod written_files;
 
 pub use coherence::Coherence;
 pub use fuse_fs::{CachePolicy, TetherFs};

@@ -180,6 +180,7 @@ fn answer(
          host events: {events}\nrequests sent: {}\nentries listed ahead of lookups: {}\n\
          directories listed ahead at once, at most: {}\n\
          partly written page runs dropped: {}\n\
+         reads answered from what this mount wrote: {}\n\
          blocked locks granted at once on a release through this or another mount: {}\n\
          io_uring: {}\n\
          write-behind: {write_behind}\n{writeback}",
@@ -201,6 +202,7 @@ fn answer(
         co.counters.listed.load(Ordering::Relaxed),
         co.counters.listing_most.load(Ordering::Relaxed),
         co.counters.partial_pages_dropped.load(Ordering::Relaxed),
+        co.counters.reads_from_written_files.load(Ordering::Relaxed),
         co.counters
             .lock_waits_ended_by_release
             .load(Ordering::Relaxed),

@@ -238,16 +238,6 @@ fn changes_through_a_second_mount_are_seen_promptly() {
     });
 }
 
-fn counter(report: &str, key: &str) -> u64 {
-    report
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}: ")))
-        .unwrap_or_else(|| panic!("no {key:?} in status:\n{report}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Waits for the client's own background work, which a loaded machine may delay by
 /// seconds (unlike [`visible`], whose deadline is the product's promise).
 fn settled(what: &str, done: impl FnMut() -> bool) {
@@ -259,14 +249,14 @@ fn settled(what: &str, done: impl FnMut() -> bool) {
 /// refetch it causes.
 fn pushes_settled(mnt: &Path) {
     let start = Instant::now();
-    let mut last = (counter(&status(mnt), "pushes received"), Instant::now());
+    let mut last = (counted(&status(mnt), "pushes received"), Instant::now());
     while last.1.elapsed() < Duration::from_millis(500) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "pushes never settle"
         );
         std::thread::sleep(Duration::from_millis(50));
-        let now = counter(&status(mnt), "pushes received");
+        let now = counted(&status(mnt), "pushes received");
         if now != last.0 {
             last = (now, Instant::now());
         }
@@ -280,7 +270,7 @@ fn the_guests_own_changes_are_not_echoed_back() {
     let g = &t.mnt;
     let before = status(g);
     assert!(before.contains("caching: pushed invalidation"), "{before}");
-    assert_eq!(counter(&before, "unwatched nodes"), 0);
+    assert_eq!(counted(&before, "unwatched nodes"), 0);
 
     // A build's worth of the guest's own changes.
     fs::create_dir(g.join("obj")).unwrap();
@@ -303,8 +293,8 @@ fn the_guests_own_changes_are_not_echoed_back() {
     std::thread::sleep(Duration::from_millis(500));
     let after = status(g);
     assert_eq!(
-        counter(&after, "pushes received"),
-        counter(&before, "pushes received"),
+        counted(&after, "pushes received"),
+        counted(&before, "pushes received"),
         "own changes came back as invalidations:\n{after}"
     );
 
@@ -313,7 +303,7 @@ fn the_guests_own_changes_are_not_echoed_back() {
     visible("host change after own changes", || {
         read(&g.join("obj/3.o")).as_deref() == Some(b"host")
     });
-    assert!(counter(&status(g), "pushes received") > counter(&after, "pushes received"));
+    assert!(counted(&status(g), "pushes received") > counted(&after, "pushes received"));
 }
 
 #[test]
@@ -485,7 +475,7 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&p).unwrap(), &mut first, 0).unwrap();
     let dropped = "partly written page runs dropped";
     settled(&format!("{dropped} after a read of the first"), || {
-        counter(&status(&t.mnt), dropped) > counter(&before, dropped)
+        counted(&status(&t.mnt), dropped) > counted(&before, dropped)
     });
     assert_eq!(fs::read(&p).unwrap(), data, "content read back");
     let reads = sent(&status(&t.mnt), "READ") - sent(&before, "READ");
@@ -495,6 +485,66 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     );
     // Nothing went stale: the host's copy is the same.
     assert_eq!(fs::read(t.export.join("pieces")).unwrap(), data);
+}
+
+/// A small file written through the mount in pieces keeps its page "not up to date", so the
+/// kernel READs it back; the client answers from what it wrote (written_files.rs), not the
+/// server. That must be the file: a hole reads as zeros, a truncation to nothing starts it
+/// again, and a host change after the guest's writes wins.
+#[test]
+fn a_small_file_the_guest_wrote_reads_back_from_its_copy_until_the_host_changes_it() {
+    require_mount!();
+    let t = TestMount::start_with(&[], NO_TIMEOUT);
+    if !status(&t.mnt).contains("write-behind: off (every write() waits") {
+        eprintln!("skipped: writes are not written through (TETHER_TEST_MOUNT_ARGS)");
+        return;
+    }
+    let (p, host) = (t.mnt.join("deps.d"), t.export.join("deps.d"));
+    let from_copy = "reads answered from what this mount wrote";
+    // A push for the file (a loaded server may not tell its own writes' events from
+    // others' in time) rightly ends its copy: rounds with one do not count.
+    let mut quiet_rounds = 0;
+    for round in 0..5 {
+        pushes_settled(&t.mnt);
+        let before = status(&t.mnt);
+        // Made in pieces with a hole, then rewritten (an O_TRUNC open empties it).
+        let f = fs::File::create(&p).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"abc", 0).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"xyz", 10).unwrap();
+        drop(f);
+        assert_eq!(fs::read(&p).unwrap(), b"abc\0\0\0\0\0\0\0xyz");
+        assert_eq!(fs::read(&host).unwrap(), b"abc\0\0\0\0\0\0\0xyz");
+        let version = format!("version {round}");
+        fs::write(&p, &version).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), version.as_bytes());
+        let after = status(&t.mnt);
+        if counted(&after, "pushes received") == counted(&before, "pushes received") {
+            let copied = counted(&after, from_copy) - counted(&before, from_copy);
+            let asked = sent(&after, "READ") - sent(&before, "READ");
+            assert_eq!(
+                (copied, asked),
+                (2, 0),
+                "READs answered from the copy, sent on"
+            );
+            quiet_rounds += 1;
+        }
+        fs::remove_file(&p).unwrap();
+    }
+    assert!(quiet_rounds > 0, "a push came in every round");
+    fs::write(&p, b"second version").unwrap();
+    assert_eq!(fs::read(&p).unwrap(), b"second version");
+
+    // The host's change wins over the copy, and the guest's next write lands after it.
+    fs::write(&host, b"the host wrote this").unwrap();
+    settled("the host's rewrite shows through the mount", || {
+        read(&p).as_deref() == Some(&b"the host wrote this"[..])
+    });
+    let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+    f.write_all(b", then the guest").unwrap();
+    drop(f);
+    let both = b"the host wrote this, then the guest";
+    assert_eq!(fs::read(&p).unwrap(), both);
+    assert_eq!(fs::read(&host).unwrap(), both);
 }
 
 /// After every READ the kernel forgets the file's atime, so the next `stat` of each file a
@@ -712,7 +762,7 @@ fn directories_are_listed_ahead_two_at_a_time() {
     }
     pushes_settled(&t.mnt);
     let listed = "entries listed ahead of lookups";
-    let before = counter(&status(&t.mnt), listed);
+    let before = counted(&status(&t.mnt), listed);
     // Two misses in each directory queue its listing.
     for f in 0..2 {
         for d in 0..dirs {
@@ -720,10 +770,10 @@ fn directories_are_listed_ahead_two_at_a_time() {
         }
     }
     settled("the listings", || {
-        counter(&status(&t.mnt), listed) >= before + dirs * files
+        counted(&status(&t.mnt), listed) >= before + dirs * files
     });
     let at_once = "directories listed ahead at once, at most";
-    assert_eq!(counter(&status(&t.mnt), at_once), 2);
+    assert_eq!(counted(&status(&t.mnt), at_once), 2);
 }
 
 /// A cold walk through directories in sorted order (git's, tar's): after it misses in one,
@@ -758,18 +808,18 @@ fn a_sorted_walk_finds_the_next_directories_listed_ahead() {
     };
 
     // Two misses in d00 list it, then four more: w (to find d00's siblings), d01-d03.
-    let before = counter(&status(&t.mnt), listed);
+    let before = counted(&status(&t.mnt), listed);
     miss_in(0);
     settled("the first plan", || {
-        counter(&status(&t.mnt), listed) >= before + files + 16 + 3 * files
+        counted(&status(&t.mnt), listed) >= before + files + 16 + 3 * files
     });
     assert_eq!(stat_dirs(1..4), 0, "LOOKUPs in d01-d03, listed ahead");
 
     // The walk came just past that plan: the next lists eight.
-    let before = counter(&status(&t.mnt), listed);
+    let before = counted(&status(&t.mnt), listed);
     miss_in(4);
     settled("the second plan", || {
-        counter(&status(&t.mnt), listed) >= before + files + 8 * files
+        counted(&status(&t.mnt), listed) >= before + files + 8 * files
     });
     assert_eq!(stat_dirs(5..13), 0, "LOOKUPs in d05-d12, listed ahead");
 }
@@ -794,7 +844,7 @@ fn a_cold_walk_by_path_is_answered_from_one_listing() {
     }
     let listed = "entries listed ahead of lookups";
     settled("the listing", || {
-        counter(&status(&t.mnt), listed) >= counter(&before, listed) + 200
+        counted(&status(&t.mnt), listed) >= counted(&before, listed) + 200
     });
     for i in 0..150 {
         let m = fs::symlink_metadata(t.mnt.join(format!("d/f{i}"))).unwrap();
@@ -809,11 +859,11 @@ fn a_cold_walk_by_path_is_answered_from_one_listing() {
 
     // Listed, not yet looked up: once the host's changes are pushed, the very first look
     // must show them, not the listing.
-    let pushes = counter(&after, "pushes received");
+    let pushes = counted(&after, "pushes received");
     fs::write(t.export.join("d/f160"), b"changed on the host").unwrap();
     fs::remove_file(t.export.join("d/f170")).unwrap();
     visible("the pushes of two host changes", || {
-        counter(&status(&t.mnt), "pushes received") > pushes
+        counted(&status(&t.mnt), "pushes received") > pushes
     });
     std::thread::sleep(Duration::from_millis(50));
     let m = fs::symlink_metadata(t.mnt.join("d/f160")).unwrap();
@@ -1077,11 +1127,11 @@ fn a_listing_ends_without_a_round_trip_and_still_shows_every_change() {
     }
     let mdir = t.mnt.join("ls");
     assert_eq!(listed(&mdir), want);
-    let mut counted = 0;
+    let mut quiet_rounds = 0;
     for round in 0..3 {
         // A push during the listing would have the server asked for its end after all.
         pushes_settled(&t.mnt);
-        let ahead = counter(&status(&t.mnt), "entries listed ahead of lookups");
+        let ahead = counted(&status(&t.mnt), "entries listed ahead of lookups");
         // Made through this mount, right after a listing ended (which also drops the
         // listing the kernel cached, so the next one is asked for).
         let name = format!("guest{round}");
@@ -1095,15 +1145,15 @@ fn a_listing_ends_without_a_round_trip_and_still_shows_every_change() {
         // the creation's own events) rightly sends the last READDIR to the server; a
         // listing ahead of a walk (the misses in "elsewhere" lead to "ls", its next
         // sibling) rightly leaves the kernel a cached listing that needs none.
-        let quiet = counter(&after, "pushes received") == counter(&before, "pushes received")
-            && counter(&after, "entries listed ahead of lookups") == ahead;
+        let quiet = counted(&after, "pushes received") == counted(&before, "pushes received")
+            && counted(&after, "entries listed ahead of lookups") == ahead;
         if quiet {
             let asked = sent(&after, "READDIR") - sent(&before, "READDIR");
             assert_eq!(
                 asked, 1,
                 "READDIRs for a listing of about 10 names, round {round}"
             );
-            counted += 1;
+            quiet_rounds += 1;
         }
         // Renamed in through this mount.
         let name = format!("moved{round}");
@@ -1119,7 +1169,7 @@ fn a_listing_ends_without_a_round_trip_and_still_shows_every_change() {
         settled("the host's new name is listed", || listed(&mdir) == want);
     }
     assert!(
-        counted > 0,
+        quiet_rounds > 0,
         "a push or a listing ahead came during every listing"
     );
     // A listing of many pages gets every name once.

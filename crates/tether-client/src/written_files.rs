@@ -1,0 +1,318 @@
+//! Small files this mount wrote whole, kept to answer the kernel's READs of them.
+//!
+//! Written through, the kernel copies each `write()` into its page cache but marks a page
+//! up to date only when one write covered it whole. A small file written in pieces (a
+//! compiler's dependency file, a log) keeps its pages "not up to date", and the next
+//! reader's READ goes to the server: the first no-op `make` after a build read every `.d`
+//! file that way (docs/benchmarks.md). The client saw every byte of such a file go out, so
+//! from its creation, or its truncation to nothing, it keeps what it wrote and answers
+//! READs of the file itself.
+//!
+//! A copy holds what the pages the kernel keeps would hold, and goes by the same rule: it
+//! starts from a CREATE or truncation to 0 whose reply may be cached
+//! ([`Coherence::cacheable`]), and it is used only while no push, distrust or reconnect has
+//! invalidated the node since ([`Coherence::still_cacheable`]). It is dropped by two writes
+//! to the file in flight at once (their order on the server is unknown), a failed or short
+//! write, any other change of the data through this mount (a truncation, `fallocate`,
+//! `copy_file_range` into it), a file larger than [`MAX_FILE`], and the kernel forgetting
+//! the node. Only written-through mounts keep copies: with write-behind or the writeback
+//! cache the kernel is told of writes before the server has them.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tether_proto::NodeId;
+
+use crate::coherence::Coherence;
+
+/// Largest file kept.
+pub const MAX_FILE: u64 = 64 * 1024;
+/// Most bytes kept over the whole mount; beyond it copies are dropped (they only save
+/// trips).
+const MAX_TOTAL: usize = 16 << 20;
+
+struct Copy {
+    /// The push sequence when the request it started from was sent.
+    since: u64,
+    /// Tells this copy from one started later for the same node, for writes answered
+    /// after the first was dropped.
+    generation: u64,
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    copies: HashMap<NodeId, Copy>,
+    /// Writes sent and not answered, per node, whether or not it has a copy: a copy does
+    /// not start while one is on its way.
+    writing: HashMap<NodeId, u32>,
+    bytes: usize,
+    generations: u64,
+}
+
+impl State {
+    fn remove(&mut self, node: NodeId) {
+        if let Some(c) = self.copies.remove(&node) {
+            self.bytes -= c.data.len();
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct WrittenFiles {
+    state: Mutex<State>,
+}
+
+/// A write on its way: which copy it extends, if any. Dropped without
+/// [`Writing::finished`] (a write that failed), it drops the copy.
+pub struct Writing {
+    files: Arc<WrittenFiles>,
+    node: NodeId,
+    generation: Option<u64>,
+    answered: bool,
+}
+
+impl Writing {
+    /// The write of `data` at `offset` was answered: `whole` if all of it was written.
+    pub fn finished(mut self, offset: u64, data: &[u8], whole: bool, co: &Coherence) {
+        self.answered = true;
+        let outcome = whole.then_some((offset, data, co));
+        (self.files).written(self.node, self.generation, outcome);
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if !self.answered {
+            (self.files).written(self.node, self.generation, None);
+        }
+    }
+}
+
+impl WrittenFiles {
+    /// `node` is empty now, per a reply to a request sent at push sequence `sent` (a CREATE
+    /// or a truncation to 0): what this mount writes to it from here on is kept.
+    pub fn start(&self, node: NodeId, sent: u64, co: &Coherence) {
+        let mut s = self.state.lock().unwrap();
+        s.remove(node);
+        if s.writing.contains_key(&node) || !co.cacheable(node, sent) {
+            return;
+        }
+        s.generations += 1;
+        let generation = s.generations;
+        s.copies.insert(
+            node,
+            Copy {
+                since: sent,
+                generation,
+                data: Vec::new(),
+            },
+        );
+    }
+
+    /// A WRITE to `node` is about to be sent; [`Writing::finished`] follows with its
+    /// outcome.
+    pub fn writing(self: &Arc<Self>, node: NodeId) -> Writing {
+        let mut s = self.state.lock().unwrap();
+        let on_its_way = s.writing.entry(node).or_insert(0);
+        *on_its_way += 1;
+        let generation = if *on_its_way > 1 {
+            s.remove(node); // the order the two reach the host is unknown
+            None
+        } else {
+            s.copies.get(&node).map(|c| c.generation)
+        };
+        Writing {
+            files: self.clone(),
+            node,
+            generation,
+            answered: false,
+        }
+    }
+
+    /// A write to `node` was answered: `outcome` is where and what it wrote, or None when
+    /// it failed or wrote only part.
+    fn written(
+        &self,
+        node: NodeId,
+        generation: Option<u64>,
+        outcome: Option<(u64, &[u8], &Coherence)>,
+    ) {
+        let mut s = self.state.lock().unwrap();
+        match s.writing.get_mut(&node) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                s.writing.remove(&node);
+            }
+        }
+        let Some(generation) = generation else {
+            return;
+        };
+        let Some(copy) = s.copies.get_mut(&node) else {
+            return;
+        };
+        if copy.generation != generation {
+            return;
+        }
+        let kept = outcome.filter(|&(offset, data, co)| {
+            offset.saturating_add(data.len() as u64) <= MAX_FILE
+                && co.still_cacheable(node, copy.since)
+        });
+        let Some((offset, data, _)) = kept else {
+            s.remove(node);
+            return;
+        };
+        let end = offset + data.len() as u64;
+        let (offset, end) = (offset as usize, end as usize);
+        let grown = end.saturating_sub(copy.data.len());
+        if grown > 0 {
+            copy.data.resize(end, 0); // a hole before the write reads as zeros
+        }
+        copy.data[offset..end].copy_from_slice(data);
+        s.bytes += grown;
+        if s.bytes > MAX_TOTAL {
+            let others: Vec<NodeId> = s.copies.keys().copied().filter(|&n| n != node).collect();
+            for n in others {
+                if s.bytes <= MAX_TOTAL {
+                    break;
+                }
+                s.remove(n);
+            }
+        }
+    }
+
+    /// `size` bytes of `node` at `offset` from its copy, if it has one that still holds
+    /// (short at the end of the file, as the server answers).
+    pub fn read(&self, node: NodeId, offset: u64, size: u32, co: &Coherence) -> Option<Vec<u8>> {
+        let mut s = self.state.lock().unwrap();
+        let copy = s.copies.get(&node)?;
+        if s.writing.contains_key(&node) {
+            return None;
+        }
+        if !co.still_cacheable(node, copy.since) {
+            s.remove(node);
+            return None;
+        }
+        let len = copy.data.len() as u64;
+        let start = offset.min(len) as usize;
+        let end = offset.saturating_add(size as u64).min(len) as usize;
+        let bytes = copy.data[start..end].to_vec();
+        co.counters
+            .reads_from_written_files
+            .fetch_add(1, Ordering::Relaxed);
+        Some(bytes)
+    }
+
+    /// The data of `node` changes other than by a write, or the kernel forgot it.
+    pub fn drop_copy(&self, node: NodeId) {
+        self.state.lock().unwrap().remove(node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coherence::tests::push;
+    use tether_proto::Invalidation;
+
+    fn watched(nodes: &[NodeId]) -> std::sync::Arc<Coherence> {
+        let co = Coherence::new();
+        co.enable();
+        nodes.iter().for_each(|&n| co.set_watched(n, true));
+        co
+    }
+
+    fn write(w: &Arc<WrittenFiles>, co: &Coherence, node: NodeId, offset: u64, data: &[u8]) {
+        w.writing(node).finished(offset, data, true, co);
+    }
+
+    #[test]
+    fn a_file_written_in_pieces_reads_back_with_its_holes_as_zeros() {
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        w.start(7, co.now(), &co);
+        write(&w, &co, 7, 0, b"abc");
+        write(&w, &co, 7, 6, b"xyz");
+        assert_eq!(w.read(7, 0, 100, &co).unwrap(), b"abc\0\0\0xyz");
+        assert_eq!(w.read(7, 2, 2, &co).unwrap(), b"c\0");
+        assert_eq!(
+            w.read(7, 50, 10, &co).unwrap(),
+            b"",
+            "past the end: nothing"
+        );
+        assert!(w.read(8, 0, 10, &co).is_none(), "no copy of another node");
+    }
+
+    #[test]
+    fn a_push_for_the_node_after_the_start_ends_the_copy() {
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        w.start(7, co.now(), &co);
+        write(&w, &co, 7, 0, b"abc");
+        push(&co, 1, &[Invalidation::Inode(7)]);
+        assert!(w.read(7, 0, 10, &co).is_none());
+        write(&w, &co, 7, 3, b"def");
+        assert!(
+            w.read(7, 0, 10, &co).is_none(),
+            "a later write does not bring it back"
+        );
+    }
+
+    #[test]
+    fn a_push_before_the_starting_reply_came_means_no_copy() {
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        let sent = co.now();
+        push(&co, 1, &[Invalidation::Inode(7)]);
+        w.start(7, sent, &co);
+        write(&w, &co, 7, 0, b"abc");
+        assert!(w.read(7, 0, 10, &co).is_none());
+    }
+
+    #[test]
+    fn overlapping_failed_and_large_writes_drop_the_copy() {
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        // Two writes on their way at once.
+        w.start(7, co.now(), &co);
+        let (a, b) = (w.writing(7), w.writing(7));
+        assert!(
+            w.read(7, 0, 10, &co).is_none(),
+            "not read while writes are out"
+        );
+        a.finished(0, b"aa", true, &co);
+        b.finished(0, b"bb", true, &co);
+        assert!(w.read(7, 0, 10, &co).is_none());
+        // A failed write.
+        w.start(7, co.now(), &co);
+        w.writing(7).finished(0, b"aa", false, &co);
+        assert!(w.read(7, 0, 10, &co).is_none());
+        // A write that got an error reply (never finished).
+        w.start(7, co.now(), &co);
+        drop(w.writing(7));
+        assert!(w.read(7, 0, 10, &co).is_none());
+        w.start(7, co.now(), &co);
+        assert!(w.read(7, 0, 10, &co).is_some(), "nothing left on its way");
+        // Past the largest file kept.
+        w.start(7, co.now(), &co);
+        write(&w, &co, 7, MAX_FILE - 1, b"ab");
+        assert!(w.read(7, 0, 10, &co).is_none());
+        // Not started while a write is on its way; a write of the old copy does not land
+        // in a new one.
+        w.start(7, co.now(), &co);
+        let old = w.writing(7);
+        w.start(7, co.now(), &co);
+        old.finished(0, b"old", true, &co);
+        assert!(w.read(7, 0, 10, &co).is_none());
+        w.start(7, co.now(), &co);
+        write(&w, &co, 7, 0, b"new");
+        assert_eq!(w.read(7, 0, 10, &co).unwrap(), b"new");
+        w.drop_copy(7);
+        assert!(w.read(7, 0, 10, &co).is_none());
+    }
+
+    #[test]
+    fn unwatched_nodes_get_no_copy() {
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[]));
+        w.start(7, co.now(), &co);
+        write(&w, &co, 7, 0, b"abc");
+        assert!(w.read(7, 0, 10, &co).is_none());
+    }
+}
