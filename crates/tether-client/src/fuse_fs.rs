@@ -144,10 +144,11 @@ impl TetherFs {
         }
     }
 
-    /// Whether written-through files are kept to answer READs (written_files.rs): the
-    /// server pushes invalidations, and every write waits for the server.
+    /// Whether what this mount writes to small files is kept to answer READs
+    /// (written_files.rs): the server pushes invalidations, and the kernel is told of each
+    /// write by the client (not with the writeback cache, where it writes back by itself).
     fn keeps_written(&self) -> bool {
-        self.co.enabled() && self.co.fixer().is_none() && !self.write_behind.on()
+        self.co.enabled() && self.co.fixer().is_none()
     }
 
     pub fn known(&self) -> Arc<Known> {
@@ -812,9 +813,18 @@ impl TetherFs {
         len: usize,
         reply: ReplyWrite,
     ) {
+        let kept = match &msg {
+            Request::Write { offset, data, .. } if self.keeps_written() => {
+                Some((self.written.writing(node), *offset, data.clone()))
+            }
+            _ => None,
+        };
         let (co, sent, known_attrs) = (self.co.clone(), self.co.now(), self.known_attrs.clone());
         let counted = known_attrs.asking(node);
         let wb = self.write_behind.clone();
+        // The copy takes the write as the kernel does, when it hears "written": one the
+        // server then fails is revoked (`co.revoke`), which ends the copy too.
+        let copy_co = co.clone();
         let done = move |res: ReplyResult| {
             let outcome = match res {
                 Ok(Reply::Written { size, attr }) => {
@@ -828,7 +838,12 @@ impl TetherFs {
                 co.revoke(node);
             }
         };
-        self.send_answering_first(req, &msg, done, || reply.written(len as u32));
+        self.send_answering_first(req, &msg, done, || {
+            if let Some((writing, offset, data)) = kept {
+                writing.finished(offset, &data, true, &copy_co);
+            }
+            reply.written(len as u32)
+        });
     }
 
     /// Create-behind (spares.rs): answers the creation of `name` in `parent` with a spare
@@ -955,6 +970,9 @@ impl TetherFs {
             true
         });
         self.co.name_made(parent, &created);
+        if self.keeps_written() {
+            self.written.start(node, sent, &self.co);
+        }
         let ttl = ttl_for(&self.co, self.cache.entry_ttl, node, Some(parent), sent);
         // The kernel hears of the file while BIND is about to go out: whatever it asks
         // next leaves after BIND.

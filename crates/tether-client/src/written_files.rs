@@ -15,8 +15,10 @@
 //! to the file in flight at once (their order on the server is unknown), a failed or short
 //! write, any other change of the data through this mount (a truncation, `fallocate`,
 //! `copy_file_range` into it), a file larger than [`MAX_FILE`], and the kernel forgetting
-//! the node. Only written-through mounts keep copies: with write-behind or the writeback
-//! cache the kernel is told of writes before the server has them.
+//! the node. Written behind (write_behind.rs), a write enters the copy when the kernel is
+//! told "written", as it enters the kernel's pages; one the server then fails revokes the
+//! file, which ends the copy. With the writeback cache there are no copies: the kernel
+//! writes back by itself.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
