@@ -162,6 +162,11 @@ pub struct Coherence {
     /// Nodes just given to the kernel whose pushed `inval_inode` it refused (no such
     /// inode yet), to be tried again ([`Coherence::retry_refused`]).
     refused: Mutex<HashMap<NodeId, Refused>>,
+    /// Nodes a reconnect made anew under an id the kernel holds (a spare's BIND sent again,
+    /// protocol.md §17), with the generation the kernel knows them by: given under the new
+    /// file's own, the kernel would take the node for a reused id and fail every
+    /// descriptor open on it with EIO.
+    generations_kept: DashMap<NodeId, u64>,
 }
 
 /// What the kernel may hold of a node, for [`Coherence::kernel_holds`].
@@ -277,6 +282,7 @@ impl Coherence {
             kernel_holds: DashMap::new(),
             inval_gate: Mutex::new(()),
             refused: Mutex::new(HashMap::new()),
+            generations_kept: DashMap::new(),
         })
     }
 
@@ -529,6 +535,7 @@ impl Coherence {
             self.new_dirs.remove(&node);
             self.listing_ends.remove(&node);
             self.refused.lock().unwrap().remove(&node);
+            self.generations_kept.remove(&node);
             // Nothing held any more, but a reply being decided about (a LOOKUP racing the
             // FORGET) still counts.
             if let Some(mut h) = self.kernel_holds.get_mut(&node) {
@@ -536,6 +543,17 @@ impl Coherence {
             }
             self.drop_holding_if_idle(node);
         }
+    }
+
+    /// `node`, which the kernel knows by `generation`, was made anew under another one by a
+    /// reconnect: it is given to the kernel under `generation` until forgotten.
+    pub fn keep_generation(&self, node: NodeId, generation: u64) {
+        self.generations_kept.insert(node, generation);
+    }
+
+    /// The generation to give the kernel for `node`, which a reply gave as `generation`.
+    pub fn generation(&self, node: NodeId, generation: u64) -> u64 {
+        self.generations_kept.get(&node).map_or(generation, |g| *g)
     }
 
     /// Nodes cached until revoked, and nodes that fall back to revalidation.

@@ -281,7 +281,8 @@ fn give_entry(
     reply: ReplyEntry,
 ) {
     let ttl = ttl_for(co, fallback, e.node, Some(parent), sent);
-    reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), Generation(e.generation));
+    let generation = Generation(co.generation(e.node, e.generation));
+    reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), generation);
 }
 
 /// Tells the kernel the name does not exist, cached until revoked (node id 0), as for a
@@ -632,7 +633,8 @@ impl TetherFs {
                         true
                     });
                     let attr = file_attr(&e.attr);
-                    reply.entry(&Duration::ZERO, &attr, Generation(e.generation));
+                    let generation = Generation(co.generation(e.node, e.generation));
+                    reply.entry(&Duration::ZERO, &attr, generation);
                 }
                 Ok(Reply::Entry(e)) => {
                     // Another file has the name now: the server counted a lookup the kernel
@@ -959,6 +961,7 @@ impl TetherFs {
         };
         let binding = Binding {
             caller: caller(req),
+            generation: entry.generation,
             mode,
             umask,
             time,
@@ -1464,13 +1467,13 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.pages.reading(ino.0, offset, size.into());
         if self.keeps_written() {
             if let Some(data) = self.written.read(ino.0, offset, size, &self.co) {
                 reply.data(&data);
                 return;
             }
         }
+        self.pages.reading(ino.0, offset, size.into());
         let msg = Request::Read {
             node: ino.0,
             fh: fh.0,
@@ -1721,7 +1724,7 @@ impl Filesystem for TetherFs {
                                 OsStr::from_bytes(&e.name),
                                 &ttl,
                                 &file_attr(&entry.attr),
-                                Generation(entry.generation),
+                                Generation(co.generation(entry.node, entry.generation)),
                             );
                             if full && e.entry.is_some() && before.is_none() {
                                 // It did not fit: the kernel never got it.
@@ -1970,7 +1973,7 @@ impl Filesystem for TetherFs {
                 reply.created(
                     &ttl,
                     &file_attr(&entry.attr),
-                    Generation(entry.generation),
+                    Generation(co.generation(entry.node, entry.generation)),
                     FileHandle(kernel_fh),
                     keep,
                 );

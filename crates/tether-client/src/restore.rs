@@ -42,6 +42,8 @@ pub struct OpenHandle {
 #[derive(Debug, Clone, Copy)]
 pub struct Binding {
     pub caller: Caller,
+    /// The spare's generation, which the kernel knows the file by.
+    pub generation: u64,
     pub mode: u32,
     pub umask: u32,
     pub time: Timespec,
@@ -290,17 +292,18 @@ impl Restore {
                         },
                     ),
                 };
+                let spare_generation = n.binding.map(|b| b.generation);
                 let more = (n.binding.is_some() && lookups > 1).then(|| Request::Reclaim {
                     parent,
                     name,
                     lookups: lookups - 1,
                 });
                 conn.call_restoring(caller, &req, move |r| {
-                    let _ = tx.send((node, lookups, more, r));
+                    let _ = tx.send((node, lookups, more, spare_generation, r));
                 });
             }
             drop(tx);
-            for (node, lookups, more, r) in rx.iter() {
+            for (node, lookups, more, spare_generation, r) in rx.iter() {
                 match r {
                     Ok(Reply::Entry(e)) if e.node == node => {
                         self.co
@@ -310,6 +313,9 @@ impl Restore {
                     Ok(Reply::Create { entry: e, .. }) if e.node == node => {
                         if let Some(s) = self.co.spares.get() {
                             s.counters.named_again.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if let Some(g) = spare_generation.filter(|&g| g != e.generation) {
+                            self.co.keep_generation(node, g);
                         }
                         // BIND counted one lookup; the kernel may hold more.
                         if let Some(more) = more {

@@ -463,8 +463,20 @@ fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
     let mut f = writer.join().unwrap();
     f.write_all(b"after it\n").unwrap();
     f.sync_all().expect("fsync of the file made again");
+    // The file made anew is another host file than the spare: the kernel knows the node by
+    // the spare's generation, and a node it is given under another one is "reused": it
+    // marks its inode bad, and every use of a descriptor open on it fails with EIO. The
+    // reconnect dropped the cached listing: this one comes from the server.
+    let listed: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(listed.iter().any(|n| n == "y"), "{listed:?}");
+    f.write_all(b"and after a listing\n")
+        .expect("a write through the descriptor kept open");
+    f.sync_all().expect("fsync after a listing");
     drop(f);
-    let want = b"before the restart\nafter it\n";
+    let want = b"before the restart\nafter it\nand after a listing\n";
     assert_eq!(fs::read(t.export.join("d/y")).unwrap(), want);
     assert_eq!(fs::read(dir.join("y")).unwrap(), want);
     assert_eq!(write_behind_count(&t.mnt, "of those failed there"), 0);
