@@ -774,10 +774,9 @@ impl TetherFs {
             Request::Write {
                 node, offset, data, ..
             } => {
-                let kept = self.keeps_written().then(|| {
-                    let writing = self.written.writing(*node);
-                    (writing, *offset, data.clone())
-                });
+                let kept = (self.keeps_written().then(|| self.written.writing(*node)))
+                    .flatten()
+                    .map(|w| (w, *offset, data.clone()));
                 (Some(*node), kept)
             }
             Request::CopyFileRange { node_out, .. } => {
@@ -817,7 +816,8 @@ impl TetherFs {
     ) {
         let kept = match &msg {
             Request::Write { offset, data, .. } if self.keeps_written() => {
-                Some((self.written.writing(node), *offset, data.clone()))
+                let copy = self.written.writing(node);
+                copy.map(|w| (w, *offset, data.clone(), self.co.clone()))
             }
             _ => None,
         };
@@ -826,7 +826,6 @@ impl TetherFs {
         let wb = self.write_behind.clone();
         // The copy takes the write as the kernel does, when it hears "written": one the
         // server then fails is revoked (`co.revoke`), which ends the copy too.
-        let copy_co = co.clone();
         let done = move |res: ReplyResult| {
             let outcome = match res {
                 Ok(Reply::Written { size, attr }) => {
@@ -841,8 +840,8 @@ impl TetherFs {
             }
         };
         self.send_answering_first(req, &msg, done, || {
-            if let Some((writing, offset, data)) = kept {
-                writing.finished(offset, &data, true, &copy_co);
+            if let Some((writing, offset, data, co)) = kept {
+                writing.finished(offset, &data, true, &co);
             }
             reply.written(len as u32)
         });

@@ -1277,10 +1277,7 @@ fn change_during_a_held_back_lookup(t: &TestMount, name: &str, change: impl FnOn
 #[test]
 fn a_change_pushed_before_the_kernel_made_the_node_is_not_lost() {
     require_mount!();
-    if let Some(p) = common::first_missing(&[&["taskset", "-V"], &["chrt", "--version"]]) {
-        eprintln!("SKIPPED: {p} (util-linux) is not installed");
-        return;
-    }
+    require_tools!(&[&["taskset", "-V"], &["chrt", "--version"]]);
     let t = TestMount::start_with(&[], NO_TIMEOUT);
     const ROUNDS: usize = 10;
     for round in 0..ROUNDS {

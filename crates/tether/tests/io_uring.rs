@@ -234,10 +234,7 @@ fn starve_queue_thread_of_cpu0(mount: &common::Mount) -> Killed {
 #[test]
 fn lock_waiters_that_come_all_at_once_leave_their_cpu_served() {
     require_uring!();
-    if let Some(p) = common::first_missing(&[&["taskset", "-V"], &["flock", "-V"]]) {
-        eprintln!("SKIPPED: {p} (util-linux) is not installed");
-        return;
-    }
+    require_tools!(&[&["taskset", "-V"], &["flock", "-V"]]);
     let t = TestMount::start_with(&[], &["--io-uring"]);
     std::fs::write(t.export.join("lock"), "").unwrap();
     std::fs::write(t.export.join("other"), "still served\n").unwrap();

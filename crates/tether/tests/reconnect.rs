@@ -277,10 +277,7 @@ fn reads_go_on_while_the_server_is_killed_and_restarted() {
 #[test]
 fn a_build_completes_across_server_restarts() {
     require_mount!();
-    if let Some(p) = common::first_missing(&[&["make", "--version"], &["cc", "--version"]]) {
-        eprintln!("SKIPPED: {p} is not installed");
-        return;
-    }
+    require_tools!(&[&["make", "--version"], &["cc", "--version"]]);
     let mut tm = TestMount::start();
     let src = tm.mnt.join("proj");
     fs::create_dir_all(src.join("src")).unwrap();

@@ -67,6 +67,18 @@ macro_rules! require_mount {
     };
 }
 
+/// Skips the calling test with a printed reason when one of `commands` (as for
+/// [`first_missing`]) cannot be run here.
+#[macro_export]
+macro_rules! require_tools {
+    ($commands:expr) => {
+        if let Some(p) = common::first_missing($commands) {
+            eprintln!("SKIPPED: {p} is not installed");
+            return;
+        }
+    };
+}
+
 pub struct Server {
     pub child: Child,
     pub address: String,
