@@ -78,52 +78,19 @@ impl Unmounter {
 const READAHEAD_KB: u32 = 1024;
 
 /// Sets the mount's readahead (its backing device's `read_ahead_kb` in sysfs; needs root).
-/// The device number comes from /proc/self/mountinfo: a stat of the mount point would be a
+/// The device number comes from the mount table: a stat of the mount point would be a
 /// request to this very file system, which serves none yet.
 fn raise_readahead(mountpoint: &Path) {
     let Ok(want) = mountpoint.canonicalize() else {
         return;
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(Some(m)) = tether_sys::mountinfo::mount_at(&want) else {
         return;
     };
-    // "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...", spaces in paths escaped as \040; the
-    // last line for a mount point is the mount on top.
-    let device = info.lines().rev().find_map(|line| {
-        let mut fields = line.split(' ');
-        let device = fields.nth(2)?;
-        let point = fields.nth(1)?;
-        (unescape_mountinfo(point) == want.as_os_str().as_bytes()).then_some(device)
-    });
-    let Some(device) = device else { return };
-    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    let knob = format!("/sys/class/bdi/{}/read_ahead_kb", m.device);
     if let Err(e) = std::fs::write(&knob, READAHEAD_KB.to_string()) {
         tracing::debug!("cannot raise the readahead ({knob}): {e}");
     }
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|d| {
-            let s = std::str::from_utf8(d).ok()?;
-            u8::from_str_radix(s, 8).ok()
-        });
-        match octal {
-            Some(c) if b[i] == b'\\' => {
-                out.push(c);
-                i += 4;
-            }
-            _ => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 impl Mounted {
@@ -274,15 +241,82 @@ pub fn retrying_while_busy(mut unmount: impl FnMut() -> io::Result<()>) -> io::R
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::unescape_mountinfo;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo(r"/tmp/a\040b"), b"/tmp/a b");
-        assert_eq!(unescape_mountinfo(r"/x\134y"), b"/x\\y");
-        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
-        assert_eq!(unescape_mountinfo(r"/odd\9"), b"/odd\\9");
+/// What is mounted at `mountpoint` now, read from the mount table without touching the
+/// mount itself (a dead or hung FUSE mount answers nothing). `None`: not a mount point.
+pub fn mounted_at(mountpoint: &Path) -> io::Result<Option<tether_sys::mountinfo::MountEntry>> {
+    let target = tether_sys::mountinfo::canonical_without_last(mountpoint)?;
+    if let Some(m) = tether_sys::mountinfo::mount_at(&target)? {
+        return Ok(Some(m));
     }
+    // A symlink to a mount point: follow it (this stats what is mounted there).
+    match std::fs::symlink_metadata(&target) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            tether_sys::mountinfo::mount_at(&std::fs::canonicalize(&target)?)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Why a mount point cannot take a new mount, or what the user should know before.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountPointCheck {
+    /// An empty directory: fine.
+    Ready,
+    /// A directory with files in it, which the mount hides until it is unmounted.
+    NotEmpty,
+}
+
+/// Checks `mountpoint` before mounting: a Tether mount there already (alive or with its
+/// client gone) is refused with what to do; a non-directory is refused; a directory with
+/// files in it is reported, for a warning.
+pub fn check_mount_point(mountpoint: &Path) -> io::Result<MountPointCheck> {
+    let shown = mountpoint.display();
+    if let Some(m) = mounted_at(mountpoint)?.filter(|m| m.is_tether()) {
+        let err = |msg: String| Err(io::Error::new(io::ErrorKind::AlreadyExists, msg));
+        return match responds(mountpoint) {
+            Some(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => err(format!(
+                "{shown} is a Tether mount whose client has gone (transport endpoint is not \
+                 connected): run `tether unmount {shown}` first"
+            )),
+            Some(_) => err(format!(
+                "{shown} is already a Tether mount of {}: unmount it first (`tether unmount \
+                 {shown}`), or choose another mount point",
+                m.source.strip_prefix("tether:").unwrap_or(&m.source)
+            )),
+            None => err(format!(
+                "{shown} is already a Tether mount of {}, and it does not answer: run \
+                 `tether unmount --lazy {shown}` first",
+                m.source.strip_prefix("tether:").unwrap_or(&m.source)
+            )),
+        };
+    }
+    let meta = std::fs::metadata(mountpoint).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot use {shown} as a mount point: {e}"),
+        )
+    })?;
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("mount point {shown} is not a directory"),
+        ));
+    }
+    let mut entries = std::fs::read_dir(mountpoint)?;
+    Ok(if entries.next().is_some() {
+        MountPointCheck::NotEmpty
+    } else {
+        MountPointCheck::Ready
+    })
+}
+
+/// The status of `path`, or None if it takes longer than two seconds (a hung mount): the
+/// stat goes on in a thread of its own, which is left behind.
+fn responds(path: &Path) -> Option<io::Result<std::fs::Metadata>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::metadata(&path));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(2)).ok()
 }

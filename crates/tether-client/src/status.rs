@@ -32,7 +32,7 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
 
 /// Serves status reports for `mountpoint` until the process exits; removes the socket on drop.
 pub struct StatusServer {
-    path: PathBuf,
+    file: tether_transport::OwnSocketFile,
 }
 
 impl StatusServer {
@@ -47,8 +47,9 @@ impl StatusServer {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         remove_stale_sockets(dir);
-        let _ = std::fs::remove_file(&path);
+        tether_transport::clear_stale_socket(&path)?;
         let listener = UnixListener::bind(&path)?;
+        let file = tether_transport::OwnSocketFile::new(&path);
         let mp = mountpoint.display().to_string();
         std::thread::Builder::new()
             .name("tether-status".into())
@@ -57,7 +58,7 @@ impl StatusServer {
                     let _ = answer(stream, &mp, &conn, &co, fallback);
                 }
             })?;
-        Ok(StatusServer { path })
+        Ok(StatusServer { file })
     }
 }
 
@@ -81,17 +82,14 @@ fn remove_stale_sockets(dir: &Path) {
         if young {
             continue;
         }
-        if let Err(err) = UnixStream::connect(e.path()) {
-            if err.kind() == io::ErrorKind::ConnectionRefused {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
+        // Only a socket nobody listens on: never a file of another kind.
+        let _ = tether_transport::clear_stale_socket(&e.path());
     }
 }
 
 impl Drop for StatusServer {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.file.remove();
     }
 }
 

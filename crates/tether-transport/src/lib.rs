@@ -2,8 +2,11 @@
 //! both down; the protocol never knows what is on the other side.
 
 pub mod framed;
+mod socket_file;
 mod socket_reader;
 mod ssh;
+
+pub use socket_file::{clear_stale_socket, OwnSocketFile};
 
 pub use ssh::{stdio, StdoutRelay};
 
@@ -352,7 +355,7 @@ pub fn is_loopback(hostport: &str) -> io::Result<bool> {
 pub enum Listener {
     Unix {
         listener: UnixListener,
-        path: PathBuf,
+        file: OwnSocketFile,
     },
     Tcp(TcpListener),
 }
@@ -360,19 +363,12 @@ pub enum Listener {
 impl Listener {
     /// Binds `addr`. A Unix socket is created mode 0600, so only the serving user may
     /// connect, or 0660 owned by `socket_group` to admit that group as well. A stale socket
-    /// file left by a dead server is replaced, a live one is an error.
+    /// file left by a dead server is replaced; a live one, or anything that is not a socket,
+    /// is an error ([`clear_stale_socket`]).
     pub fn bind(addr: &Address, socket_group: Option<u32>) -> io::Result<Listener> {
         match addr {
             Address::Unix(path) => {
-                if path.exists() {
-                    if UnixStream::connect(path).is_ok() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::AddrInUse,
-                            format!("{} is in use by a running server", path.display()),
-                        ));
-                    }
-                    std::fs::remove_file(path)?;
-                }
+                clear_stale_socket(path)?;
                 // Created 0600 from the start: no moment where others could connect.
                 // SAFETY: umask only changes this process's file creation mask; it is
                 // restored right after.
@@ -381,14 +377,12 @@ impl Listener {
                 // SAFETY: as above.
                 unsafe { libc::umask(old) };
                 let listener = bound?;
+                let file = OwnSocketFile::new(path);
                 if let Some(gid) = socket_group {
                     std::os::unix::fs::chown(path, None, Some(gid))?;
                     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
                 }
-                Ok(Listener::Unix {
-                    listener,
-                    path: path.clone(),
-                })
+                Ok(Listener::Unix { listener, file })
             }
             Address::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a.as_str())?)),
             Address::Ssh(_) => Err(io::Error::new(
@@ -401,17 +395,22 @@ impl Listener {
     /// The bound address (with the real port when bound to port 0).
     pub fn local_address(&self) -> io::Result<Address> {
         match self {
-            Listener::Unix { path, .. } => Ok(Address::Unix(path.clone())),
+            Listener::Unix { file, .. } => Ok(Address::Unix(file.path().to_path_buf())),
             Listener::Tcp(l) => Ok(Address::Tcp(l.local_addr()?.to_string())),
         }
     }
 
     pub fn accept(&self) -> io::Result<Stream> {
         match self {
-            Listener::Unix { listener, path } => {
+            Listener::Unix { listener, file } => {
                 let (s, _) = listener.accept()?;
                 let cred = peer_cred(&s)?;
-                let peer = format!("unix:{} pid {} uid {}", path.display(), cred.pid, cred.uid);
+                let peer = format!(
+                    "unix:{} pid {} uid {}",
+                    file.path().display(),
+                    cred.pid,
+                    cred.uid
+                );
                 Stream::from_socket(SocketKind::Unix(s), peer, Some(cred))
             }
             Listener::Tcp(l) => Stream::from_tcp(l.accept()?.0),
@@ -421,8 +420,8 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix { path, .. } = self {
-            let _ = std::fs::remove_file(path);
+        if let Listener::Unix { file, .. } = self {
+            file.remove();
         }
     }
 }

@@ -11,7 +11,10 @@ use std::thread;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tether_client::mount::{retrying_while_busy, unmount, MountOptions, Mounted};
+use tether_client::mount::{
+    check_mount_point, mounted_at, retrying_while_busy, unmount, MountOptions, MountPointCheck,
+    Mounted, Unmounter,
+};
 use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
 use tether_client::{CachePolicy, Coherence, Connection};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
@@ -37,7 +40,8 @@ enum Command {
     Serve {
         /// The directory to export.
         dir: PathBuf,
-        /// Where to listen: unix:/path/to.sock or tcp:HOST:PORT.
+        /// Where to listen: unix:/path/to.sock or tcp:HOST:PORT. A stale socket at the path
+        /// (its server gone) is replaced; anything else there is refused, never removed.
         #[arg(long, short, required_unless_present = "stdio")]
         listen: Option<String>,
         /// Serve one client on standard input and output, then exit: what a client
@@ -75,6 +79,8 @@ enum Command {
         max_sessions: usize,
     },
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
+    /// With files open under the mount, Ctrl-C unmounts once they close; a second Ctrl-C
+    /// detaches at once (open files keep working), a third stops the process.
     Mount {
         /// The server: unix:/path/to.sock, tcp:HOST:PORT, or ssh:[USER@]HOST:DIR (runs
         /// `tether serve --stdio DIR` there through ssh).
@@ -148,6 +154,10 @@ enum Command {
         /// with EIO (the mount stays up and keeps reconnecting).
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
+        /// Mount over a directory that has files in it without a warning (they are hidden
+        /// until the mount goes away).
+        #[arg(long)]
+        nonempty: bool,
     },
     /// Connect and authenticate to a server, and report what it offers; changes nothing.
     Check {
@@ -161,12 +171,16 @@ enum Command {
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
-    /// Unmount a Tether mount (also one whose client died).
+    /// Unmount a Tether mount (also one whose client died). Anything else mounted there is
+    /// refused unless --force.
     Unmount {
         mountpoint: PathBuf,
         /// Detach now even if files are open; the mount goes away when they are closed.
         #[arg(long)]
         lazy: bool,
+        /// Unmount whatever is mounted there, Tether or not.
+        #[arg(long)]
+        force: bool,
     },
     /// Time the workloads users judge a shared folder by, in DIR and each --vs directory.
     Bench(bench::BenchArgs),
@@ -182,7 +196,10 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+        // fuser logs every unmount attempt; a stop that waits for open files makes many.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(format!("{default_level},fuser=warn"))
+        });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -204,7 +221,7 @@ fn main() -> ExitCode {
 /// second signal or at the deadline.
 fn drain_on_signals(
     drain: Arc<tether_server::Drain>,
-    socket_file: Option<PathBuf>,
+    socket_file: Option<tether_transport::OwnSocketFile>,
     exit_when_drained: bool,
 ) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
@@ -222,13 +239,64 @@ fn drain_on_signals(
                     break;
                 }
             }
-            if let Some(p) = socket_file {
-                let _ = std::fs::remove_file(p);
+            if let Some(f) = socket_file {
+                f.remove();
             }
             std::process::exit(0);
         }
     });
     Ok(())
+}
+
+/// Stops the mount on SIGINT or SIGTERM. The first signal unmounts, or, while files are
+/// open under the mount, says so once and unmounts as soon as the last one closes; a
+/// second detaches the mount lazily (it leaves the namespace, open files keep working until
+/// they close); a third ends the process at once, which fails whatever still waits on the
+/// mount (a mount whose requests hang can always be stopped).
+fn stop_on_signals(
+    mut signals: signal_hook::iterator::Signals,
+    mut unmounter: Unmounter,
+    mountpoint: &std::path::Path,
+) {
+    let mp = mountpoint.display();
+    let busy = |e: &std::io::Error| e.raw_os_error() == Some(libc::EBUSY);
+    if signals.forever().next().is_none() {
+        return;
+    }
+    match retrying_while_busy(|| unmounter.unmount()) {
+        Ok(()) => return,
+        Err(e) if busy(&e) => eprintln!(
+            "tether: files are open under {mp}: will unmount when they close; press Ctrl-C \
+             again to detach now (lazy)"
+        ),
+        Err(e) => {
+            eprintln!("tether: cannot unmount {mp}: {e}; press Ctrl-C again to detach now (lazy)")
+        }
+    }
+    loop {
+        if signals.pending().next().is_some() {
+            break;
+        }
+        match unmounter.unmount() {
+            Ok(()) => return,
+            Err(e) if busy(&e) => {}
+            Err(e) => tracing::debug!("unmount of {mp} failed again: {e}"),
+        }
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+    match unmount(mountpoint, true) {
+        Ok(()) => eprintln!(
+            "tether: detached {mp}; open files keep working until they close (Ctrl-C again \
+             to stop now: they then fail)"
+        ),
+        Err(e) => eprintln!(
+            "tether: cannot detach {mp}: {e} (Ctrl-C again to stop now: open files then fail)"
+        ),
+    }
+    if signals.forever().next().is_some() {
+        eprintln!("tether: stopping now: what is still open under {mp} fails from here on");
+        std::process::exit(1);
+    }
 }
 
 /// `serve --stdio`: one session on standard input and output (the ssh transport), then exit.
@@ -320,6 +388,13 @@ fn connect(addr: &Address, mut opts: ConnectOptions) -> Result<Arc<Connection>> 
             anyhow::anyhow!(
                 "handshake with {addr} failed: ssh or the remote tether ended first (their \
                  messages above say why)"
+            )
+        } else if ended {
+            anyhow::anyhow!(
+                "handshake with {addr} failed: the peer closed the connection before it \
+                 answered. Either it is not a Tether server (check the address and port), or \
+                 it refused us (check --secret-file against the server's secret, and the \
+                 server's log for why)"
             )
         } else {
             anyhow::Error::new(e).context(format!("handshake with {addr} failed"))
@@ -420,7 +495,7 @@ fn run(cmd: Command) -> Result<()> {
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
-                Address::Unix(p) => Some(p.clone()),
+                Address::Unix(p) => Some(tether_transport::OwnSocketFile::new(p)),
                 Address::Tcp(_) | Address::Ssh(_) => None,
             };
             let drain = Arc::new(tether_server::Drain::default());
@@ -461,14 +536,16 @@ fn run(cmd: Command) -> Result<()> {
             uid,
             gid,
             timeout,
+            nonempty,
         } => {
             let addr = client_address(&address, ssh)?;
-            let mp_meta = std::fs::metadata(&mountpoint).with_context(|| {
-                format!("mount point {} is not a directory", mountpoint.display())
-            })?;
-            if !mp_meta.is_dir() {
-                bail!("mount point {} is not a directory", mountpoint.display());
+            if check_mount_point(&mountpoint)? == MountPointCheck::NotEmpty && !nonempty {
+                eprintln!(
+                    "tether: note: {} is not empty: its files are hidden while the mount is                      there (--nonempty to mount without this note)",
+                    mountpoint.display()
+                );
             }
+            let mp_meta = std::fs::metadata(&mountpoint)?;
             if !(0.0..=86400.0 * 365.0).contains(&attr_timeout) {
                 bail!("--attr-timeout must be between 0 and one year of seconds");
             }
@@ -524,19 +601,10 @@ fn run(cmd: Command) -> Result<()> {
             .ok();
             let mut mounted = Mounted::new(conn, co, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
-            let mut unmounter = mounted.unmounter();
-            let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
+            let unmounter = mounted.unmounter();
+            let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
             let mp = mountpoint.clone();
-            thread::spawn(move || {
-                for _ in signals.forever() {
-                    if let Err(e) = retrying_while_busy(|| unmounter.unmount()) {
-                        eprintln!(
-                            "tether: cannot unmount {}: {e} (files still open?)",
-                            mp.display()
-                        );
-                    }
-                }
-            });
+            thread::spawn(move || stop_on_signals(signals, unmounter, &mp));
             eprintln!("tether: mounted {addr} on {}", mountpoint.display());
             mounted.run()?;
             eprintln!("tether: unmounted {}", mountpoint.display());
@@ -574,14 +642,33 @@ fn run(cmd: Command) -> Result<()> {
             print_out(&tether_client::status::query(&mountpoint)?)?;
             Ok(())
         }
-        Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy).map_err(|e| {
-            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
-                ": files or working directories are open in it (close them, or use --lazy)"
-            } else {
-                ""
+        Command::Unmount {
+            mountpoint,
+            lazy,
+            force,
+        } => {
+            let shown = mountpoint.display();
+            let Some(m) = mounted_at(&mountpoint)
+                .with_context(|| format!("cannot read the mount table for {shown}"))?
+            else {
+                bail!("{shown} is not mounted");
             };
-            anyhow::anyhow!("cannot unmount {}: {e}{hint}", mountpoint.display())
-        }),
+            if !m.is_tether() && !force {
+                bail!(
+                    "{shown} is a {} mount of {}, not a Tether mount: refusing to unmount it                      (--force unmounts it anyway)",
+                    m.fstype,
+                    m.source
+                );
+            }
+            unmount(&m.mount_point, lazy).map_err(|e| {
+                let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                    ": files or working directories are open in it (close them, or use --lazy)"
+                } else {
+                    ""
+                };
+                anyhow::anyhow!("cannot unmount {shown}: {e}{hint}")
+            })
+        }
         Command::Bench(args) => bench::run_bench(args),
         Command::Latency(args) => bench::run_latency(args),
     }

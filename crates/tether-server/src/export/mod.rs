@@ -45,6 +45,9 @@ pub struct Export {
     pub instance: [u8; 16],
     /// Sessions refused a lock, to be told when another session frees one (locks.rs).
     pub lock_waits: LockWaits,
+    /// Tether mounts found inside the export and refused (ops.rs, `refuse_tether_mount`):
+    /// each is logged once.
+    pub refused_mounts: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -109,6 +112,7 @@ impl Export {
             id_map: opts.id_map.clone(),
             instance,
             lock_waits: LockWaits::default(),
+            refused_mounts: Default::default(),
         }))
     }
 

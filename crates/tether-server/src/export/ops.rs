@@ -2,6 +2,7 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -260,7 +261,47 @@ impl ExportFs {
         name: CString,
     ) -> SysResult<Entry> {
         let fd = sys::open_path(parent_fd, &name)?;
+        self.refuse_tether_mount(&fd, parent_fd, &name)?;
         self.entry_of(parent, fd, name)
+    }
+
+    /// Refuses (ELOOP) a Tether mount found inside the export: a guest that mounts the
+    /// export inside itself (serving /a, mounting at /a/sub/mnt on the same machine) would
+    /// have this server send requests into its own mount, whose client waits for this
+    /// server: a loop that hangs both. The subtree is left out, said once in the log.
+    fn refuse_tether_mount(
+        &self,
+        fd: &OwnedFd,
+        parent_fd: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> SysResult<()> {
+        let Some((major, minor)) = sys::mount_root_device(fd.as_fd())? else {
+            return Ok(());
+        };
+        let mounted = tether_sys::mountinfo::mount_of_device(major, minor)
+            .ok()
+            .flatten();
+        if !mounted.is_some_and(|m| m.is_tether()) {
+            return Ok(());
+        }
+        let path = sys::fd_path(parent_fd).unwrap_or_default();
+        let mut path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&path));
+        path.push(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        if self
+            .export
+            .refused_mounts
+            .lock()
+            .unwrap()
+            .insert(path.clone())
+        {
+            tracing::warn!(
+                "not serving {}: it is a Tether mount inside the export (a mount of this \
+                 export inside itself would loop back into this server); guests see ELOOP \
+                 there. Mount it outside the exported directory.",
+                path.display()
+            );
+        }
+        Err(WireErrno::ELOOP)
     }
 
     /// Reads the status of `fd` (found as `name` in `parent`) and records the lookup
@@ -1525,8 +1566,9 @@ impl ExportFs {
                 };
                 match self.lookup_in(node, dir.as_fd(), name) {
                     Ok(e) => Some(e),
-                    // Removed since the listing was read: skip it, as a local readdir might.
-                    Err(WireErrno::ENOENT) => return true,
+                    // Removed since the listing was read: skip it, as a local readdir might;
+                    // a Tether mount inside the export (refuse_tether_mount) is left out.
+                    Err(WireErrno::ENOENT | WireErrno::ELOOP) => return true,
                     Err(e) => {
                         failure = Some(e);
                         return false;

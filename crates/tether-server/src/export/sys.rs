@@ -138,6 +138,29 @@ pub fn fstat_born(fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Option<(i64, u32
     Ok((st, birth))
 }
 
+/// The device of the file system mounted at `fd` (an O_PATH descriptor) if `fd` is the root
+/// of a mount, read from what the kernel has cached: never a request to that file system,
+/// which may be a FUSE mount that would have to answer (and, if it is served through this
+/// very server, could not). `None` for anything that is not a mount root.
+pub fn mount_root_device(fd: BorrowedFd<'_>) -> SysResult<Option<(u32, u32)>> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty path with AT_EMPTY_PATH names fd itself; stx is writable memory of
+    // the right size.
+    cvt(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
+            0,
+            stx.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: statx succeeded (and the buffer was zeroed before).
+    let x = unsafe { stx.assume_init() };
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    Ok((x.stx_attributes & root != 0).then_some((x.stx_dev_major, x.stx_dev_minor)))
+}
+
 pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid C string and writable stat buffer.

@@ -90,6 +90,14 @@ impl Server {
         Self::spawn(Path::new(TETHER), dir, address, extra, |_| {})
     }
 
+    /// [`Server::start`] with the server's log (its stderr) going to the file `log`.
+    pub fn start_logging_to(dir: &Path, address: &str, extra: &[&str], log: &Path) -> Server {
+        let log = std::fs::File::create(log).expect("create the server's log");
+        Self::spawn(Path::new(TETHER), dir, address, extra, |cmd| {
+            cmd.stderr(log);
+        })
+    }
+
     fn spawn(
         bin: &Path,
         dir: &Path,
