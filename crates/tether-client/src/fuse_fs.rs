@@ -33,6 +33,7 @@ use crate::restore::{Binding, Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::spares::{self, PoolKey, Spares};
 use crate::write_behind::{self, WriteBehind};
+use crate::write_mode::WriteMode;
 use crate::writeback::AttrFixer;
 use crate::written_files::WrittenFiles;
 
@@ -46,16 +47,8 @@ const LISTING_BYTES: u32 = 32 * 1024;
 pub struct CachePolicy {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
-    /// Let the kernel cache writes (FUSE_WRITEBACK_CACHE) when the server pushes
-    /// invalidations; see writeback.rs for what keeps that coherent, and its limits.
-    pub writeback: bool,
-    /// Written through, answer a small `write()` once its WRITE is sent instead of when the
-    /// server's reply is in (write_behind.rs). Off, an error comes back from the write
-    /// that caused it and the host has the data when `write()` returns.
-    pub write_behind: bool,
-    /// With `write_behind`, also answer a file creation with a spare file the server made
-    /// ahead (spares.rs). Such a creation is lost with its connection.
-    pub create_behind: bool,
+    /// How writes are sent (write_mode.rs).
+    pub writes: WriteMode,
 }
 
 impl Default for CachePolicy {
@@ -63,9 +56,7 @@ impl Default for CachePolicy {
         CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
-            writeback: false,
-            write_behind: false,
-            create_behind: false,
+            writes: WriteMode::Through,
         }
     }
 }
@@ -119,11 +110,11 @@ impl TetherFs {
         let prefetch = Prefetch::new(co.clone());
         let write_behind = co
             .write_behind
-            .get_or_init(|| Arc::new(WriteBehind::new(cache.write_behind)))
+            .get_or_init(|| Arc::new(WriteBehind::new(cache.writes.writes_behind())))
             .clone();
         let spares = co
             .spares
-            .get_or_init(|| Arc::new(Spares::new(cache.write_behind && cache.create_behind)))
+            .get_or_init(|| Arc::new(Spares::new(cache.writes.creates_behind())))
             .clone();
         TetherFs {
             conn,
@@ -1056,7 +1047,9 @@ impl Filesystem for TetherFs {
         // never learn a host-side size or mtime) and a fixer to apply them (writeback.rs).
         let writeback = InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let fixer = self.fixer.clone().filter(|_| {
-            self.cache.writeback && self.co.enabled() && config.capabilities().contains(writeback)
+            self.cache.writes.asks_writeback_cache()
+                && self.co.enabled()
+                && config.capabilities().contains(writeback)
         });
         if fixer.is_some() {
             wanted |= writeback;

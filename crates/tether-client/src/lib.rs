@@ -16,9 +16,11 @@ pub mod spares;
 pub mod status;
 mod sys;
 pub mod write_behind;
+pub mod write_mode;
 pub mod writeback;
 pub mod written_files;
 
 pub use coherence::Coherence;
 pub use fuse_fs::{CachePolicy, TetherFs};
 pub use rpc::Connection;
+pub use write_mode::WriteMode;

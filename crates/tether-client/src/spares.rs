@@ -1,8 +1,8 @@
-//! Create-behind (with `tether mount --write-behind`): a file creation answered before the
+//! Create-behind (with `tether mount --writes create-behind`): a file creation answered before the
 //! server has made the file.
 //!
 //! A CREATE costs a server round trip, about half the time of creating a small file through
-//! the mount (docs/benchmarks.md). With feature `SPARE_FILES` the server makes unnamed files
+//! the mount (bench/journal/2026-11-27-create-behind-16k-reads-ext4-creation.md). With feature `SPARE_FILES` the server makes unnamed files
 //! ahead of time in a directory the guest creates files in (SPARES: `O_TMPFILE`, owned as the
 //! caller's new file would be). The client gives the kernel one of them as the new file at
 //! once and sends BIND, which links it into the directory under its name and sets the asked

@@ -156,7 +156,7 @@ fn answer(
             create_behind(co, conn),
         ),
         _ if co.fixer().is_some() => "off (the writeback cache)".into(),
-        _ => "off (every write() waits for the server; `mount --write-behind` to change)".into(),
+        _ => "off (every write() waits for the server; `mount --writes behind` to change)".into(),
     };
     let ownership = match conn.hello.id_mapping {
         IdMapping::Squash => "squash (every file appears to be the mount owner's)",
@@ -229,7 +229,8 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
 /// The create-behind part of the write-behind line (spares.rs).
 fn create_behind(co: &Coherence, conn: &Connection) -> String {
     let Some(s) = co.spares.get().filter(|s| s.on()) else {
-        return "file creations wait for the server (`mount --create-behind` to change)".into();
+        return "file creations wait for the server (`mount --writes create-behind` to change)"
+            .into();
     };
     if !conn.grants(tether_proto::handshake::features::SPARE_FILES) {
         return "file creations wait for the server (it makes no spare files)".into();

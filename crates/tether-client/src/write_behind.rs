@@ -1,4 +1,4 @@
-//! Write-behind (opt-in: `tether mount --write-behind`): a small written-through `write()`
+//! Write-behind (opt-in: `tether mount --writes behind`): a small written-through `write()`
 //! is answered as soon as its WRITE is on the wire, not when the server's reply comes back.
 //!
 //! Why the guest never sees old data: the server executes every WRITE of at most
@@ -64,7 +64,7 @@ struct InFlight {
 
 /// The mount's early-answered writes: how many are in flight, and their errors.
 pub struct WriteBehind {
-    /// Asked for (`--write-behind`); the caller checks that the server executes small
+    /// Asked for (`--writes behind` or `create-behind`); the caller checks that the server executes small
     /// WRITEs in order (feature `ORDERED_WRITES`).
     enabled: bool,
     state: Mutex<InFlight>,

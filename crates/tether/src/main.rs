@@ -16,7 +16,7 @@ use tether_client::mount::{
     Mounted, Unmounter,
 };
 use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
-use tether_client::{CachePolicy, Coherence, Connection};
+use tether_client::{CachePolicy, Coherence, Connection, WriteMode};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
@@ -109,27 +109,19 @@ enum Command {
         /// them on the host's files (where other mounts and host processes see them).
         #[arg(long)]
         local_locks: bool,
-        /// Experimental: let the guest kernel cache writes and send them at close, fsync,
-        /// unlock or within 20 ms, instead of sending every write() before it returns.
-        /// Small writes run near native speed, but a stat of a file closed since its last
-        /// stat asks the client, which makes warm greps and copies of a tree several times
-        /// slower (docs/coherence.md, "Writeback cache").
-        #[arg(long)]
-        writeback: bool,
-        /// Experimental: answer a write() of up to 64 KiB once it is on its way to the
-        /// server instead of when the server has written it (`dd` 2-4.5x faster). The
-        /// guest sees it at once, but a host process may see it a moment after write() (or
-        /// close()) returned, and an error the server meets reaches the next write() to the
-        /// file or fsync() (docs/coherence.md, "Write-behind"). No effect with --writeback.
-        #[arg(long)]
-        write_behind: bool,
-        /// Experimental, implies --write-behind: also answer a file creation with a file
-        /// the server made ahead, named on the way (creating a tree 1.6-2.3x faster). A
-        /// creation still on its way when the connection is lost (a server restart) is made
-        /// again by the reconnect; one the server refuses (the host took the name) fails
-        /// the file's next write() or fsync() (docs/coherence.md, "Create-behind").
-        #[arg(long)]
-        create_behind: bool,
+        /// How writes reach the host: through (the default: every write() is on the host
+        /// when it returns, and its error comes back from it); behind (a write() of up to
+        /// 64 KiB is answered once it is on its way: `dd` 2-4.5x faster, a host process may
+        /// see it a moment after write() or close() returned, and an error reaches the next
+        /// write() or fsync(): docs/coherence.md, "Write-behind"); create-behind (behind,
+        /// and a file creation is answered with a file the server made ahead: creating a
+        /// tree 1.6-2.3x faster; docs/coherence.md, "Create-behind"); writeback (the guest
+        /// kernel caches writes and sends them at close, fsync, unlock or within 20 ms:
+        /// small writes near native speed, but a stat of a file closed since its last stat
+        /// asks the client, so warm greps and copies are several times slower;
+        /// docs/coherence.md, "Writeback cache").
+        #[arg(long, default_value = "through", value_name = "MODE")]
+        writes: WriteMode,
         /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
         /// later), one queue per CPU, so that a request is served on the CPU that made it.
         /// Needs root; turns on the fuse module's `enable_uring` parameter if it is off.
@@ -528,9 +520,7 @@ fn run(cmd: Command) -> Result<()> {
             no_push,
             no_watch_events,
             local_locks,
-            writeback,
-            write_behind,
-            create_behind,
+            writes,
             io_uring,
             secret_file,
             uid,
@@ -580,9 +570,7 @@ fn run(cmd: Command) -> Result<()> {
                 cache: CachePolicy {
                     attr_ttl: ttl,
                     entry_ttl: ttl,
-                    writeback,
-                    write_behind: write_behind || create_behind,
-                    create_behind,
+                    writes,
                 },
                 fs_name: format!("tether:{addr}"),
                 threads,

@@ -94,7 +94,7 @@ fn small_files_and_short_segments_run_clean() {
 #[test]
 fn small_files_and_short_segments_run_clean_with_the_writeback_cache() {
     require_mount!();
-    let t = TestMount::start_with(&[], &["--no-watch-events", "--writeback"]);
+    let t = TestMount::start_with(&[], &["--no-watch-events", "--writes=writeback"]);
     if !common::status(&t.mnt).contains("writeback cache: on") {
         eprintln!("skipped: no writeback cache (it needs root)");
         return;

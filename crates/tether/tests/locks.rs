@@ -33,7 +33,7 @@ macro_rules! require_python {
         match python() {
             Some(p) => p,
             None => {
-                eprintln!("SKIPPED: python3 with fcntl and sqlite3 is not installed");
+                common::skip("python3 with fcntl and sqlite3 is not installed");
                 return;
             }
         }
@@ -500,7 +500,7 @@ fn an_unlocked_reader_of_a_file_the_host_keeps_touching_sees_it_grow() {
     let m = TwoMounts::start(NO_TIMEOUT);
     let short = short_reads_while_the_host_grows_it(py, &m, "none", 200);
     assert!(short <= 4, "{short} of 200 unlocked reads short");
-    if common::suite_mounts_with("--writeback") {
+    if common::suite_mounts_with("--writes=writeback") {
         return; // the writeback cache's fixer follows every push: none is skipped
     }
     let report = status(&m.t.mnt);

@@ -1,6 +1,6 @@
-//! Write-behind (`mount --write-behind`, crates/tether-client/src/write_behind.rs): a small
+//! Write-behind (`mount --writes=behind`, crates/tether-client/src/write_behind.rs): a small
 //! written-through write() is answered once it is on its way to the server; with
-//! `--create-behind` (spares.rs) a creation too. What must hold: the next request sees
+//! `--writes=create-behind` (spares.rs) a creation too. What must hold: the next request sees
 //! it, an error the server meets reaches the writer's next write or fsync (and the guest
 //! then sees what the host has), and an unmount right after writing loses nothing.
 
@@ -16,7 +16,7 @@ use common::{skipped_with, TestMount, Tmpfs};
 
 /// Write-behind is for written-through mounts: the writeback cache has nothing to check here.
 fn skipped_with_the_writeback_cache() -> bool {
-    skipped_with("--writeback")
+    skipped_with("--writes=writeback")
 }
 
 /// The number after `label` in the mount's `write-behind:` status line.
@@ -49,7 +49,7 @@ fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
     if skipped_with_the_writeback_cache() {
         return;
     }
-    let t = TestMount::start_with(&[], &["--write-behind"]);
+    let t = TestMount::start_with(&[], &["--writes=behind"]);
     let path = t.mnt.join("pages");
     let f = OpenOptions::new()
         .read(true)
@@ -92,9 +92,9 @@ fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
         "the writes were not answered early:\n{}",
         common::status(&t.mnt)
     );
-    // Creations are answered early only with --create-behind.
+    // Creations are answered early only with --writes=create-behind.
     let status = common::status(&t.mnt);
-    if !common::suite_mounts_with("--create-behind") {
+    if !common::suite_mounts_with("--writes=create-behind") {
         assert!(
             status.contains("file creations wait for the server"),
             "{status}"
@@ -113,7 +113,7 @@ fn a_write_the_server_fails_after_answering_reaches_the_next_write_or_fsync() {
         return;
     }
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: mounting a tmpfs needs root");
+        common::skip("mounting a tmpfs needs root");
         return;
     }
     let dir = tempfile::Builder::new()
@@ -127,7 +127,7 @@ fn a_write_the_server_fails_after_answering_reaches_the_next_write_or_fsync() {
     let _tmpfs = Tmpfs::mount(&export, Some("512k"));
     let address = format!("unix:{}", dir.path().join("tether.sock").display());
     let mut server = common::Server::start(&export, &address, &[]);
-    let mut mount = common::Mount::start(&address, &mnt, &["--write-behind"]);
+    let mut mount = common::Mount::start(&address, &mnt, &["--writes=behind"]);
 
     let mut f = File::create(mnt.join("big")).unwrap();
     let chunk = vec![0x5au8; 4096];
@@ -172,7 +172,7 @@ fn an_unmount_right_after_writing_loses_nothing() {
     if skipped_with_the_writeback_cache() {
         return;
     }
-    let mut t = TestMount::start_with(&[], &["--write-behind"]);
+    let mut t = TestMount::start_with(&[], &["--writes=behind"]);
     let mut f = File::create(t.mnt.join("last")).unwrap();
     let server = t.server.child.id() as i32;
     // SAFETY: signalling our own child; it is continued below, or killed by Drop.
@@ -222,14 +222,14 @@ impl Drop for Resume {
     }
 }
 
-/// Without `--write-behind` every write waits for the server: the host has it when
+/// Without `--writes=behind` every write waits for the server: the host has it when
 /// write() returns.
 #[test]
 fn by_default_no_write_is_answered_early() {
     require_mount!();
     if skipped_with_the_writeback_cache()
-        || skipped_with("--write-behind")
-        || skipped_with("--create-behind")
+        || skipped_with("--writes=behind")
+        || skipped_with("--writes=create-behind")
     {
         return;
     }
@@ -262,7 +262,7 @@ fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_t
         return;
     }
     // Host ids as they are, so that the guest's owner and group can be compared.
-    let t = TestMount::start_with(&["--map-ids", "passthrough"], &["--create-behind"]);
+    let t = TestMount::start_with(&["--map-ids", "passthrough"], &["--writes=create-behind"]);
     let plain = t.mnt.join("plain");
     let shared = t.mnt.join("shared");
     fs::create_dir(&plain).unwrap();
@@ -416,7 +416,7 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
     if skipped_with_the_writeback_cache() {
         return;
     }
-    let t = TestMount::start_with(&[], &["--create-behind"]);
+    let t = TestMount::start_with(&[], &["--writes=create-behind"]);
     let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
     fs::write(t.export.join("d/y"), b"the host's\n").unwrap();
     let mut open = OpenOptions::new();
@@ -449,7 +449,7 @@ fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
     if skipped_with_the_writeback_cache() {
         return;
     }
-    let mut t = TestMount::start_with(&[], &["--create-behind"]);
+    let mut t = TestMount::start_with(&[], &["--writes=create-behind"]);
     let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
     let mut open = OpenOptions::new();
     open.write(true).create_new(true);
