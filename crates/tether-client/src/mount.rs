@@ -291,10 +291,12 @@ pub fn check_mount_point(mountpoint: &Path) -> io::Result<MountPointCheck> {
         };
     }
     let meta = std::fs::metadata(mountpoint).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot use {shown} as a mount point: {e}"),
-        )
+        let msg = if e.kind() == io::ErrorKind::NotFound {
+            format!("mount point {shown} does not exist (mkdir it first)")
+        } else {
+            format!("cannot use {shown} as a mount point: {e}")
+        };
+        io::Error::new(e.kind(), msg)
     })?;
     if !meta.is_dir() {
         return Err(io::Error::new(

@@ -25,7 +25,9 @@ macro_rules! require_uring {
             return;
         }
         if !Path::new(PARAM).exists() {
-            eprintln!("SKIPPED: this kernel has no FUSE over io_uring (no {PARAM})");
+            common::skip(&format!(
+                "this kernel has no FUSE over io_uring (no {PARAM})"
+            ));
             return;
         }
     };

@@ -243,7 +243,12 @@ fn bad_command_lines_get_clear_errors() {
 
     let (ok, err) = run_tether(&["mount", &format!("unix:{d}/s"), &format!("{d}/nodir")]);
     assert!(!ok);
-    assert!(err.contains("not a directory"), "{err}");
+    assert!(err.contains("nodir does not exist"), "{err}");
+
+    fs::write(format!("{d}/a-file"), b"x").unwrap();
+    let (ok, err) = run_tether(&["mount", &format!("unix:{d}/s"), &format!("{d}/a-file")]);
+    assert!(!ok);
+    assert!(err.contains("a-file is not a directory"), "{err}");
 }
 
 #[test]
@@ -379,7 +384,7 @@ fn count_open_files(pid: u32, dir: &std::path::Path) -> usize {
         .filter_map(|e| e.ok())
         .filter(|e| {
             fs::read_link(e.path())
-                // Not spare files made ahead (`--write-behind`): "DIR/#INO (deleted)".
+                // Not spare files made ahead (`--writes=create-behind`): "DIR/#INO (deleted)".
                 .map(|t| t.starts_with(dir) && !t.to_string_lossy().contains("/#"))
                 .unwrap_or(false)
         })

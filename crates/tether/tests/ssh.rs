@@ -29,7 +29,7 @@ fn ssh_unavailable() -> Option<String> {
 macro_rules! require_ssh {
     () => {
         if let Some(why) = ssh_unavailable() {
-            eprintln!("SKIPPED: {why}");
+            common::skip(&why);
             return;
         }
     };

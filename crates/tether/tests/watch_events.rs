@@ -131,7 +131,7 @@ fn inotifywait_available() -> bool {
 macro_rules! require_inotifywait {
     () => {
         if !inotifywait_available() {
-            eprintln!("SKIPPED: inotifywait not installed (apt install inotify-tools)");
+            common::skip("inotifywait not installed (apt install inotify-tools)");
             return;
         }
     };
@@ -287,7 +287,7 @@ fn python_watchdog_hears_host_changes() {
             .is_ok_and(|s| s.success())
     });
     let Some(python) = python else {
-        eprintln!("SKIPPED: Python's watchdog is not installed (apt install python3-watchdog)");
+        common::skip("Python's watchdog is not installed (apt install python3-watchdog)");
         return;
     };
     let t = TestMount::start();

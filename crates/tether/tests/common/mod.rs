@@ -9,30 +9,95 @@ use std::time::{Duration, Instant};
 
 pub const TETHER: &str = env!("CARGO_BIN_EXE_tether");
 
-/// A copy of the tether binary that other users can run: the build directory may sit under
-/// a home directory they cannot enter. One copy per build, reused across runs.
+/// The tether binary where other users can run it: the build directory may sit under a
+/// home directory they cannot enter. A hard link where the file system allows (no copy of
+/// the binary left behind), a copy otherwise; one per build, and those of older builds
+/// are removed.
 pub fn tether_for_others() -> PathBuf {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
         let meta = std::fs::metadata(TETHER).unwrap();
-        let dir = std::env::temp_dir().join(format!(
+        let name = format!(
             "tether-test-bin-{}-{}",
             meta.size(),
             meta.mtime_nsec() ^ meta.mtime()
-        ));
+        );
+        let tmp_dir = std::env::temp_dir();
+        for old in std::fs::read_dir(&tmp_dir).into_iter().flatten().flatten() {
+            let n = old.file_name().to_string_lossy().into_owned();
+            if n.starts_with("tether-test-bin-") && n != name {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
+        let dir = tmp_dir.join(name);
         let bin = dir.join("tether");
         if !bin.exists() {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
             let tmp = dir.join(format!("tether.{}", std::process::id()));
-            std::fs::copy(TETHER, &tmp).unwrap();
+            if std::fs::hard_link(TETHER, &tmp).is_err() {
+                std::fs::copy(TETHER, &tmp).unwrap();
+            }
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
             std::fs::rename(&tmp, &bin).unwrap();
         }
         bin
     })
     .clone()
+}
+
+/// The log (standard error) of a process a fixture started: kept in a file and printed,
+/// from the test's own thread, when the fixture is dropped. The test harness captures what
+/// a test prints and shows it only for a failing test, so a passing run stays quiet.
+pub struct ChildLog {
+    path: PathBuf,
+    /// The file's own temporary directory, removed with it (None: the caller's file).
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl ChildLog {
+    /// A new log file, and the Stdio to give the process.
+    pub fn new() -> (ChildLog, Stdio) {
+        let dir = tempfile::Builder::new()
+            .prefix("tether-test-log")
+            .tempdir()
+            .expect("a directory for a log");
+        let path = dir.path().join("log");
+        let file = std::fs::File::create(&path).expect("create a log");
+        (
+            ChildLog {
+                path,
+                _dir: Some(dir),
+            },
+            Stdio::from(file),
+        )
+    }
+
+    /// The caller's file `path`, printed on drop too.
+    pub fn at(path: &Path) -> (ChildLog, Stdio) {
+        let file = std::fs::File::create(path).expect("create a log");
+        (
+            ChildLog {
+                path: path.to_path_buf(),
+                _dir: None,
+            },
+            Stdio::from(file),
+        )
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Prints the log under a heading naming `what`.
+    pub fn show(&self, what: &str) {
+        if let Ok(text) = std::fs::read_to_string(&self.path) {
+            if !text.is_empty() {
+                eprintln!("----- log of {what} -----\n{text}----- end of {what} -----");
+            }
+        }
+    }
 }
 
 /// Why real-mount tests cannot run here, if they cannot.
@@ -56,7 +121,27 @@ pub fn first_missing<'a>(commands: &[&[&'a str]]) -> Option<&'a str> {
     })
 }
 
-/// Skips the calling test with a printed reason when mounts are unavailable.
+/// Says that the calling test skips for `why` (the caller then returns). Where real mounts
+/// can run (root with /dev/fuse, as on CI, where scripts/install-deps.sh installs every
+/// tool), a missing tool or kernel feature is a failure, not a skip: it fails the test.
+pub fn skip(why: &str) {
+    if mount_unavailable().is_none() {
+        panic!(
+            "this test would skip ({why}), but real mounts run here (root with /dev/fuse, as \
+             on CI): install what it needs (scripts/install-deps.sh)"
+        );
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
+/// Says that the calling test skips for `why`, a reason that holds on CI too (a chance
+/// the test waits for did not come, the suite runs in a mode the test is not for).
+pub fn skip_anywhere(why: &str) {
+    eprintln!("SKIPPED (a reason that holds on CI too): {why}");
+}
+
+/// Skips the calling test with a printed reason when mounts are unavailable (not root, no
+/// /dev/fuse): reasons that never hold where real mounts can run.
 #[macro_export]
 macro_rules! require_mount {
     () => {
@@ -67,13 +152,13 @@ macro_rules! require_mount {
     };
 }
 
-/// Skips the calling test with a printed reason when one of `commands` (as for
-/// [`first_missing`]) cannot be run here.
+/// Skips the calling test when one of `commands` (as for [`first_missing`]) cannot be run
+/// here ([`skip`]: a failure where real mounts run).
 #[macro_export]
 macro_rules! require_tools {
     ($commands:expr) => {
         if let Some(p) = common::first_missing($commands) {
-            eprintln!("SKIPPED: {p} is not installed");
+            common::skip(&format!("{p} is not installed"));
             return;
         }
     };
@@ -82,19 +167,24 @@ macro_rules! require_tools {
 pub struct Server {
     pub child: Child,
     pub address: String,
+    log: Option<ChildLog>,
 }
 
 impl Server {
-    /// Starts `tether serve DIR --listen ADDRESS EXTRA...` and waits until it listens.
+    /// Starts `tether serve DIR --listen ADDRESS EXTRA...` and waits until it listens. Its
+    /// log is shown if the test fails.
     pub fn start(dir: &Path, address: &str, extra: &[&str]) -> Server {
-        Self::spawn(Path::new(TETHER), dir, address, extra, |_| {})
+        let (log, stderr) = ChildLog::new();
+        Self::spawn(Path::new(TETHER), dir, address, extra, Some(log), |cmd| {
+            cmd.stderr(stderr);
+        })
     }
 
     /// [`Server::start`] with the server's log (its stderr) going to the file `log`.
     pub fn start_logging_to(dir: &Path, address: &str, extra: &[&str], log: &Path) -> Server {
-        let log = std::fs::File::create(log).expect("create the server's log");
-        Self::spawn(Path::new(TETHER), dir, address, extra, |cmd| {
-            cmd.stderr(log);
+        let (log, stderr) = ChildLog::at(log);
+        Self::spawn(Path::new(TETHER), dir, address, extra, Some(log), |cmd| {
+            cmd.stderr(stderr);
         })
     }
 
@@ -103,6 +193,7 @@ impl Server {
         dir: &Path,
         address: &str,
         extra: &[&str],
+        log: Option<ChildLog>,
         adjust: impl FnOnce(&mut Command),
     ) -> Server {
         let mut cmd = Command::new(bin);
@@ -117,6 +208,7 @@ impl Server {
         let server = Server {
             child,
             address: address.to_string(),
+            log,
         };
         server.wait_listening();
         server
@@ -158,6 +250,9 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop_with(libc::SIGTERM);
+        if let Some(log) = &self.log {
+            log.show(&format!("tether serve on {}", self.address));
+        }
     }
 }
 
@@ -234,7 +329,9 @@ pub fn suite_mounts_with(flag: &str) -> bool {
 pub fn skipped_with(flag: &str) -> bool {
     let skip = suite_mounts_with(flag);
     if skip {
-        eprintln!("SKIPPED: not for mounts with {flag} (TETHER_TEST_MOUNT_ARGS)");
+        skip_anywhere(&format!(
+            "not for mounts with {flag} (TETHER_TEST_MOUNT_ARGS)"
+        ));
     }
     skip
 }
@@ -260,14 +357,18 @@ pub fn is_mounted(mnt: &Path) -> bool {
 pub struct Mount {
     pub child: Child,
     pub path: PathBuf,
+    log: Option<ChildLog>,
 }
 
 impl Mount {
     /// Starts `tether mount ADDRESS MNT EXTRA...` and waits until the mount is up. The
-    /// environment's TETHER_TEST_MOUNT_ARGS (split at spaces) are added, except those
-    /// already in EXTRA: the whole suite can run in another mount mode.
+    /// environment's TETHER_TEST_MOUNT_ARGS (split at spaces, options written
+    /// `--name=value`) are added, except options already in EXTRA: the whole suite can run in another mount mode.
     pub fn start(address: &str, mnt: &Path, extra: &[&str]) -> Mount {
-        Self::start_logging_to(address, mnt, extra, Stdio::inherit())
+        let (log, stderr) = ChildLog::new();
+        let mut m = Self::start_logging_to(address, mnt, extra, stderr);
+        m.log = Some(log);
+        m
     }
 
     /// [`Mount::start`] with the client's log (its stderr) going to `log`.
@@ -285,7 +386,11 @@ impl Mount {
         adjust: impl FnOnce(&mut Command),
     ) -> Mount {
         let more = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
-        let more = more.split_whitespace().filter(|a| !extra.contains(a));
+        // An option in EXTRA wins over the same option (`--writes=...`) from the suite.
+        let option = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+        let more = more
+            .split_whitespace()
+            .filter(|a| !extra.iter().any(|e| option(e) == option(a)));
         let mut cmd = Command::new(TETHER);
         cmd.arg("mount")
             .arg(address)
@@ -311,6 +416,7 @@ impl Mount {
         Mount {
             child,
             path: mnt.to_path_buf(),
+            log: None,
         }
     }
 
@@ -346,6 +452,9 @@ impl Drop for Mount {
                 .args(["unmount", "--lazy"])
                 .arg(&self.path)
                 .status();
+        }
+        if let Some(log) = &self.log {
+            log.show(&format!("tether mount at {}", self.path.display()));
         }
     }
 }
@@ -386,7 +495,9 @@ impl TestMount {
         std::fs::create_dir(&mnt).unwrap();
         let address = format!("unix:{}", dir.path().join("tether.sock").display());
         let server = Server::start(&export, &address, serve_args);
-        let mount = Mount::start_adjusted(&address, &mnt, mount_args, Stdio::inherit(), adjust);
+        let (log, stderr) = ChildLog::new();
+        let mut mount = Mount::start_adjusted(&address, &mnt, mount_args, stderr, adjust);
+        mount.log = Some(log);
         TestMount {
             mount,
             server,
@@ -402,9 +513,17 @@ impl Server {
     /// must be root) and waits until it listens.
     pub fn start_as(dir: &Path, address: &str, extra: &[&str], uid: u32, gid: u32) -> Server {
         use std::os::unix::process::CommandExt;
-        Self::spawn(&tether_for_others(), dir, address, extra, |cmd| {
-            cmd.uid(uid).gid(gid);
-        })
+        let (log, stderr) = ChildLog::new();
+        Self::spawn(
+            &tether_for_others(),
+            dir,
+            address,
+            extra,
+            Some(log),
+            |cmd| {
+                cmd.uid(uid).gid(gid).stderr(stderr);
+            },
+        )
     }
 }
 
