@@ -1,5 +1,5 @@
 // Cross-thread round trips over a Unix socket: the cost of the wake-ups every FUSE request
-// pays (docs/benchmarks.md). Build: gcc -O2 -pthread -o pingpong pingpong.c; run it as is and
+// pays (bench/journal/2026-11-24-writes-without-capability-trip.md). Build: gcc -O2 -pthread -o pingpong pingpong.c; run it as is and
 // under taskset -c 0.
 #include <stdio.h>
 #include <pthread.h>

@@ -1,6 +1,6 @@
 // open/read/close (mode r) or lstat (mode s) of every path listed in LIST, PASSES times,
 // printing each pass's seconds: warm-path cost without the bench's own overhead
-// (docs/benchmarks.md). Build: gcc -O2 -o readall readall.c; run: ./readall LIST 6 r
+// (bench/journal/2026-11-24-writes-without-capability-trip.md). Build: gcc -O2 -o readall readall.c; run: ./readall LIST 6 r
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lock waiters and a read on one CPU with `mount --io-uring` (docs/benchmarks.md, "every ring
+# Lock waiters and a read on one CPU with `mount --io-uring` (bench/journal/2026-11-27-io-uring-ring-entries.md, "every ring
 # entry registered at the start"). Each run: a fresh mount; the thread serving CPU 0's ring
 # queue made SCHED_IDLE and CPU 0 kept busy; the host holds a lock; WAITERS processes on
 # CPU 0 that opened the file ask for it all at once; then `cat` of another file from CPU 0,

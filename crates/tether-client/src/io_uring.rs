@@ -2,7 +2,7 @@
 //! CPU, so a request is served by a thread on the CPU of its caller (the protocol is in
 //! vendor/fuser/src/uring.rs). On this machine a trip into the client costs about 29 us
 //! when the kernel wakes a `/dev/fuse` reader on the other CPU and 8 us on the caller's
-//! (docs/benchmarks.md).
+//! (bench/journal/2026-11-25-fewer-wakeups-write-descriptors.md, 2026-11-26-io-uring-opt-in.md).
 
 use std::io;
 use std::sync::Arc;

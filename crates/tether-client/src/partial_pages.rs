@@ -4,7 +4,7 @@
 //! sends it on, but marks a page up to date only when one write covered it whole. A file
 //! written in 1 KiB pieces is therefore left as a run of cached pages that are not up to
 //! date, and reading it back fetches them one READ of 4 KiB at a time: readahead only fills
-//! pages that are missing (about 20x native for `dd_read_1k`, docs/benchmarks.md). The data
+//! pages that are missing (about 20x native for `dd_read_1k`, bench/journal/2026-11-24-fewer-round-trips.md). The data
 //! is on the server already (writes are write-through), so such pages are worth nothing:
 //! when the kernel reads one, the other partly written pages of that file are invalidated,
 //! and readahead fetches them in large requests.

@@ -54,7 +54,7 @@ const LISTED_FOR: Duration = Duration::from_secs(2);
 const LISTED_AT_MOST: usize = 4096;
 /// Threads listing at once. Two overlap the server's work on one directory with the
 /// client's and the kernel's on another: `tether bench`'s cold `stat` of 100 directories
-/// of 100 files took 0.23 s with one and 0.17 s with two (docs/benchmarks.md).
+/// of 100 files took 0.23 s with one and 0.17 s with two (bench/journal/2026-11-25-cold-walk-listers-race.md).
 const LISTERS: usize = 2;
 /// Directories waiting for a lister, of each kind; one a walk missed in that finds the
 /// queue full is tried again at its next misses.

@@ -4,7 +4,7 @@
 //! up to date only when one write covered it whole. A small file written in pieces (a
 //! compiler's dependency file, a log) keeps its pages "not up to date", and the next
 //! reader's READ goes to the server: the first no-op `make` after a build read every `.d`
-//! file that way (docs/benchmarks.md). The client saw every byte of such a file go out, so
+//! file that way (bench/journal/2026-11-27-written-files-copies.md). The client saw every byte of such a file go out, so
 //! from its creation, or its truncation to nothing, it keeps what it wrote and answers
 //! READs of the file itself.
 //!
