@@ -161,6 +161,20 @@ enum Command {
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
+    /// Wait until every host change made before now is visible through MOUNTPOINT.
+    ///
+    /// When it returns, every change made on the host (or through another mount of the
+    /// same export) that completed before it started is visible through MOUNTPOINT. Run it
+    /// in the guest after editing on the host and before building, e.g.
+    /// `tether sync /mnt/src && make -C /mnt/src`. Without it a host change shows within a
+    /// few milliseconds (docs/coherence.md). Fails on a mount that revalidates on a timer
+    /// (--no-push), where nothing can be promised, and with a server too old for it.
+    Sync {
+        mountpoint: PathBuf,
+        /// Print nothing on success (otherwise: how long the barrier took).
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Unmount a Tether mount (also one whose client died).
     Unmount {
         mountpoint: PathBuf,
@@ -574,6 +588,7 @@ fn run(cmd: Command) -> Result<()> {
             print_out(&tether_client::status::query(&mountpoint)?)?;
             Ok(())
         }
+        Command::Sync { mountpoint, quiet } => sync_mount(&mountpoint, quiet),
         Command::Unmount { mountpoint, lazy } => unmount(&mountpoint, lazy).map_err(|e| {
             let hint = if e.raw_os_error() == Some(libc::EBUSY) {
                 ": files or working directories are open in it (close them, or use --lazy)"
@@ -595,4 +610,20 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
     }
+}
+
+/// `tether sync MOUNTPOINT`: the freshness barrier (tether_client::sync).
+fn sync_mount(mountpoint: &std::path::Path, quiet: bool) -> Result<()> {
+    let synced = tether_client::sync::sync(mountpoint)?;
+    for note in &synced.notes {
+        eprintln!("tether: note: {note}");
+    }
+    if !quiet {
+        print_out(&format!(
+            "synced {} in {} us\n",
+            mountpoint.display(),
+            synced.took.as_micros()
+        ))?;
+    }
+    Ok(())
 }
