@@ -1358,6 +1358,28 @@ pub(crate) mod tests {
     /// the push's later number stays, and a reply to a request sent between the two is
     /// not fresh.
     #[test]
+    fn a_barrier_waits_for_the_names_of_its_batches_also_while_they_are_applied() {
+        let waiting = |batch| WaitingNames {
+            batch,
+            due: Instant::now(),
+            names: Vec::new(),
+        };
+        let mut n = Names::default();
+        assert!(n.applied_through(7), "nothing waits");
+        n.waiting.extend([waiting(3), waiting(4)]);
+        assert!(n.applied_through(2));
+        assert!(!n.applied_through(3) && !n.applied_through(9));
+        // Batches 3 and 4 taken out by one thread and being applied: still not done.
+        n.waiting.clear();
+        n.applying.push(3);
+        n.waiting.push_back(waiting(5));
+        assert!(n.applied_through(2));
+        assert!(!n.applied_through(4) && !n.applied_through(5));
+        n.applying.clear();
+        assert!(n.applied_through(4) && !n.applied_through(5));
+    }
+
+    #[test]
     fn an_invalidation_record_never_goes_back() {
         let co = Coherence::new();
         co.enable();
