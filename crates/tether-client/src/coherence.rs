@@ -900,11 +900,15 @@ impl Coherence {
                         .partition(|i| matches!(i, Invalidation::Entry { .. }));
                     self.apply(others, &notifier);
                     batch += 1;
-                    self.names.lock().unwrap().waiting.push_back(WaitingNames {
-                        batch,
-                        due: Instant::now() + NAMES_WAIT_AT_MOST,
-                        names,
-                    });
+                    // (A batch without names leaves nothing waiting: a barrier after it need
+                    // not wait for its replays.)
+                    if !names.is_empty() {
+                        self.names.lock().unwrap().waiting.push_back(WaitingNames {
+                            batch,
+                            due: Instant::now() + NAMES_WAIT_AT_MOST,
+                            names,
+                        });
+                    }
                     if tx.send(Replay { events, batch }).is_err() {
                         self.apply_waiting_names(|_| true, &notifier);
                     }

@@ -136,16 +136,28 @@ pub(crate) fn read_request(s: &mut UnixStream) -> String {
     String::from_utf8_lossy(&line).trim().to_string()
 }
 
-/// `tether sync MOUNTPOINT`: asks the mount process of `mountpoint` for a barrier and waits
-/// until it holds. An error says why there is none (a `--no-push` mount, a server or mount
-/// process too old for it, a server that does not answer).
+/// `tether sync MOUNTPOINT`: asks the mount process of `mountpoint` (or of the mount that
+/// holds the directory `mountpoint`) for a barrier and waits until it holds. An error says
+/// why there is none (a `--no-push` mount, a server or mount process too old for it, a
+/// server that does not answer).
 pub fn sync(mountpoint: &Path) -> io::Result<Synced> {
-    let mut s = crate::status::connect(mountpoint)?;
+    let mut s = crate::status::connect(&mount_point_of(mountpoint))?;
     s.write_all(format!("{REQUEST}\n").as_bytes())?;
     s.set_read_timeout(Some(ANSWER_WAIT))?;
     let mut answer = String::new();
     s.read_to_string(&mut answer)?;
     parse_answer(&answer, mountpoint)
+}
+
+/// The nearest of `path` and its parents that has a mount process's status socket, or
+/// `path` itself if none has.
+fn mount_point_of(path: &Path) -> std::path::PathBuf {
+    let Ok(canonical) = std::fs::canonicalize(path) else {
+        return path.to_path_buf();
+    };
+    (canonical.ancestors())
+        .find(|dir| crate::status::socket_path(dir).exists())
+        .map_or_else(|| path.to_path_buf(), Path::to_path_buf)
 }
 
 fn parse_answer(answer: &str, mountpoint: &Path) -> io::Result<Synced> {

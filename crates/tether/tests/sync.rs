@@ -196,8 +196,9 @@ fn changes_through_another_mount_are_visible_right_after_sync() {
     stale.check(rounds);
 }
 
-/// The command: exits 0 and says how long it took; `tether status` still answers, also a
-/// client of an earlier version that sends no request line.
+/// The command: exits 0 and says how long it took, also given a directory inside the mount;
+/// `tether status` still answers, also a client of an earlier version that sends no
+/// request line.
 #[test]
 fn the_command_syncs_and_the_status_socket_still_reports() {
     require_mount!();
@@ -224,6 +225,18 @@ fn the_command_syncs_and_the_status_socket_still_reports() {
         .output()
         .unwrap();
     assert!(quiet.status.success() && quiet.stdout.is_empty());
+    // A directory inside the mount names its mount.
+    fs::create_dir(t.export.join("d")).unwrap();
+    let inside = Command::new(TETHER)
+        .arg("sync")
+        .arg(t.mnt.join("d"))
+        .output()
+        .unwrap();
+    assert!(
+        inside.status.success(),
+        "tether sync MNT/d failed: {}",
+        String::from_utf8_lossy(&inside.stderr)
+    );
     assert!(status(&t.mnt).starts_with("mount: "));
     // An earlier `tether status` connects and reads, writing nothing.
     use std::io::Read;
