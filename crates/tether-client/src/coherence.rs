@@ -48,6 +48,49 @@ struct WaitingNames {
     names: Vec<Invalidation>,
 }
 
+/// What the invalidation thread is given, in the order the pushes came.
+enum Queued {
+    Push(InvalidatePush),
+    /// [`Coherence::barrier`]: told once everything queued before it has been applied.
+    Barrier(Sender<()>),
+}
+
+/// The name invalidations that wait for replays ([`WaitingNames`]), and those being applied.
+#[derive(Default)]
+struct Names {
+    /// Oldest first: applied by the replay thread once the replays before them are done,
+    /// or by the invalidation thread when due.
+    waiting: VecDeque<WaitingNames>,
+    /// For each run of waiting names taken out and being applied now, its oldest batch.
+    applying: Vec<u64>,
+}
+
+impl Names {
+    /// Whether the names of every batch up to `batch` have been applied.
+    fn applied_through(&self, batch: u64) -> bool {
+        self.waiting.front().is_none_or(|w| w.batch > batch)
+            && self.applying.iter().all(|&oldest| oldest > batch)
+    }
+}
+
+/// A barrier the invalidation thread reached ([`Coherence::barrier`]), waiting for what
+/// was queued before it but is applied later: the names of batches up to `batch`, and the
+/// invalidations the kernel had refused (`refused`: node and when first refused) until it
+/// takes them, forgets the node or `until` passes.
+struct PendingBarrier {
+    batch: u64,
+    refused: Vec<(NodeId, Instant)>,
+    until: Instant,
+    done: Sender<()>,
+}
+
+/// Longest a barrier waits for invalidations the kernel refused because it was still
+/// making the node from a reply (`Coherence::inval_pushed`): they are usually taken at the
+/// first or second try, 1 to 3 ms later.
+const BARRIER_WAITS_FOR_REFUSED: Duration = Duration::from_secs(1);
+/// How often the invalidation thread looks at the barriers that wait, at least.
+const BARRIER_LOOK_AGAIN: Duration = Duration::from_millis(10);
+
 /// Longest a name invalidation waits for the replays before it. The invalidation thread
 /// applies it then, whatever the replay thread is doing (a scan of guest watchers, a long
 /// backlog, a replay that blocks), so that the guest never shows a name the host changed
@@ -119,8 +162,8 @@ pub struct Coherence {
     watched: DashMap<NodeId, Instant>,
     /// Nodes the server could not watch (they fall back to the mount's timeout).
     unwatched: DashMap<NodeId, Instant>,
-    queue: Sender<InvalidatePush>,
-    pending: Mutex<Option<Receiver<InvalidatePush>>>,
+    queue: Sender<Queued>,
+    pending: Mutex<Option<Receiver<Queued>>>,
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
@@ -135,9 +178,10 @@ pub struct Coherence {
     /// Creations answered with spare files before the server named them (spares.rs).
     pub spares: OnceLock<Arc<Spares>>,
     fuse_dev: OnceLock<OwnedFd>,
-    /// Name invalidations waiting for replays, oldest first: applied by the replay thread
-    /// once the replays before them are done, or by the invalidation thread when due.
-    waiting_names: Mutex<VecDeque<WaitingNames>>,
+    /// Name invalidations waiting for replays, and those being applied.
+    names: Mutex<Names>,
+    /// Barriers reached whose waiting names or refused invalidations are not applied yet.
+    barriers: Mutex<Vec<PendingBarrier>>,
     /// "Invalidate everything" requests queued by reconnects, and applied.
     alls_queued: AtomicU64,
     alls_applied: AtomicU64,
@@ -272,7 +316,8 @@ impl Coherence {
             write_behind: OnceLock::new(),
             spares: OnceLock::new(),
             fuse_dev: OnceLock::new(),
-            waiting_names: Mutex::new(VecDeque::new()),
+            names: Mutex::default(),
+            barriers: Mutex::default(),
             alls_queued: AtomicU64::new(0),
             alls_applied: AtomicU64::new(0),
             created: DashMap::new(),
@@ -534,7 +579,10 @@ impl Coherence {
             self.created.remove(&node);
             self.new_dirs.remove(&node);
             self.listing_ends.remove(&node);
-            self.refused.lock().unwrap().remove(&node);
+            if self.refused.lock().unwrap().remove(&node).is_some() {
+                // Nothing to invalidate any more: a barrier may have waited for it.
+                self.release_barriers();
+            }
             self.generations_kept.remove(&node);
             // Nothing held any more, but a reply being decided about (a LOOKUP racing the
             // FORGET) still counts.
@@ -596,7 +644,7 @@ impl Coherence {
         }
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
-        let _ = self.queue.send(push);
+        let _ = self.queue.send(Queued::Push(push));
     }
 
     /// A new local sequence number, for a push or a distrust.
@@ -641,10 +689,10 @@ impl Coherence {
             // kernel holds (the invalidation thread skips nodes it was given nothing of).
             self.kernel_holds.entry(node).or_default().given = true;
         }
-        let _ = self.queue.send(InvalidatePush {
+        let _ = self.queue.send(Queued::Push(InvalidatePush {
             items,
             events: Vec::new(),
-        });
+        }));
     }
 
     /// Records that `node` was invalidated at `seq`, unless a later sequence is recorded
@@ -744,10 +792,10 @@ impl Coherence {
         self.invalidate_all(seq);
         self.last_push.fetch_max(seq, Ordering::AcqRel);
         let target = self.alls_queued.fetch_add(1, Ordering::AcqRel) + 1;
-        let _ = self.queue.send(InvalidatePush {
+        let _ = self.queue.send(Queued::Push(InvalidatePush {
             items: vec![Invalidation::All],
             events: Vec::new(),
-        });
+        }));
         let deadline = Instant::now() + wait;
         while self.alls_applied.load(Ordering::Acquire) < target && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
@@ -791,17 +839,25 @@ impl Coherence {
 
     fn apply_loop(
         &self,
-        rx: Receiver<InvalidatePush>,
+        rx: Receiver<Queued>,
         notifier: Notifier,
         replays: Option<Sender<Replay>>,
     ) {
         let mut batch = 0;
         loop {
-            // Wake up for the next push, when the oldest waiting names are due, or to try
-            // refused invalidations again.
-            let names_due = self.waiting_names.lock().unwrap().front().map(|w| w.due);
+            // Wake up for the next push, when the oldest waiting names are due, to try
+            // refused invalidations again, or now and then while a barrier waits (a safety
+            // net: whatever it waits for tells it).
+            let names_due = self.names.lock().unwrap().waiting.front().map(|w| w.due);
             let retry_due = self.refused.lock().unwrap().values().map(|r| r.next).min();
-            let first = match names_due.into_iter().chain(retry_due).min() {
+            let barrier_due = (!self.barriers.lock().unwrap().is_empty())
+                .then(|| Instant::now() + BARRIER_LOOK_AGAIN);
+            let first = match names_due
+                .into_iter()
+                .chain(retry_due)
+                .chain(barrier_due)
+                .min()
+            {
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(due) => rx.recv_timeout(due.saturating_duration_since(Instant::now())),
             };
@@ -810,15 +866,26 @@ impl Coherence {
                 Err(RecvTimeoutError::Timeout) => {
                     self.retry_refused(&notifier);
                     self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
+                    self.release_barriers();
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            // Coalesce a burst: everything queued so far, each invalidation once.
-            let (mut items, mut events) = (first.items, first.events);
-            for more in rx.try_iter() {
-                items.extend(more.items);
-                events.extend(more.events);
+            // Coalesce a burst: everything queued so far, up to a barrier, each invalidation
+            // once.
+            let (mut items, mut events, mut barrier) = match first {
+                Queued::Push(p) => (p.items, p.events, None),
+                Queued::Barrier(done) => (Vec::new(), Vec::new(), Some(done)),
+            };
+            while barrier.is_none() {
+                match rx.try_recv() {
+                    Ok(Queued::Push(more)) => {
+                        items.extend(more.items);
+                        events.extend(more.events);
+                    }
+                    Ok(Queued::Barrier(done)) => barrier = Some(done),
+                    Err(_) => break,
+                }
             }
             let mut seen = HashSet::new();
             items.retain(|item| seen.insert(item.clone()));
@@ -833,11 +900,15 @@ impl Coherence {
                         .partition(|i| matches!(i, Invalidation::Entry { .. }));
                     self.apply(others, &notifier);
                     batch += 1;
-                    self.waiting_names.lock().unwrap().push_back(WaitingNames {
-                        batch,
-                        due: Instant::now() + NAMES_WAIT_AT_MOST,
-                        names,
-                    });
+                    // (A batch without names leaves nothing waiting: a barrier after it need
+                    // not wait for its replays.)
+                    if !names.is_empty() {
+                        self.names.lock().unwrap().waiting.push_back(WaitingNames {
+                            batch,
+                            due: Instant::now() + NAMES_WAIT_AT_MOST,
+                            names,
+                        });
+                    }
                     if tx.send(Replay { events, batch }).is_err() {
                         self.apply_waiting_names(|_| true, &notifier);
                     }
@@ -846,7 +917,73 @@ impl Coherence {
             }
             self.retry_refused(&notifier);
             self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
+            if let Some(done) = barrier {
+                self.barrier_reached(batch, done);
+            }
         }
+    }
+
+    /// Waits (at most `limit`) until every push received before the call has been applied
+    /// to the kernel: the invalidations of its batch, the name invalidations that wait for
+    /// the replays of its host events (`NAMES_WAIT_AT_MOST`), the invalidations the kernel
+    /// refused while it was still making a node (tried again, `BARRIER_WAITS_FOR_REFUSED`
+    /// at most), and with the writeback cache the fixes they queued. False if the limit
+    /// passed first (or the invalidation thread is gone).
+    ///
+    /// After a SYNC reply (protocol.md §18) every push before it has been received, so the
+    /// kernel then holds nothing older than any host change made before the SYNC was sent.
+    pub fn barrier(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let (done, wait) = channel();
+        if self.queue.send(Queued::Barrier(done)).is_err() {
+            return false;
+        }
+        if wait.recv_timeout(limit).is_err() {
+            return false;
+        }
+        if let Some(f) = self.fixer.get() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            f.settle(left.min(FIX_WAIT_AT_MOST));
+        }
+        true
+    }
+
+    /// The invalidation thread applied everything queued before a barrier (up to batch
+    /// `batch` of waiting names): it is done now, or once the rest has been applied.
+    fn barrier_reached(&self, batch: u64, done: Sender<()>) {
+        let now = Instant::now();
+        let refused = (self.refused.lock().unwrap().iter())
+            .map(|(node, r)| (*node, r.since))
+            .collect();
+        self.barriers.lock().unwrap().push(PendingBarrier {
+            batch,
+            refused,
+            until: now + BARRIER_WAITS_FOR_REFUSED,
+            done,
+        });
+        self.release_barriers();
+    }
+
+    /// Tells the barriers whose waiting names and refused invalidations have all been
+    /// applied (or given up on) since they were reached.
+    fn release_barriers(&self) {
+        let mut barriers = self.barriers.lock().unwrap();
+        if barriers.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let names = self.names.lock().unwrap();
+        let refused = self.refused.lock().unwrap();
+        barriers.retain(|b| {
+            let still_refused = b.refused.iter().any(|(node, since)| {
+                refused.get(node).is_some_and(|r| r.since == *since) && now < b.until
+            });
+            if !names.applied_through(b.batch) || still_refused {
+                return true;
+            }
+            let _ = b.done.send(());
+            false
+        });
     }
 
     /// Applies a pushed `inval_inode` of `node`, to be tried again if the kernel has no
@@ -922,6 +1059,7 @@ impl Coherence {
                 }
             }
         }
+        self.release_barriers();
     }
 
     /// A refused invalidation of `node` is not tried again. If the kernel makes the inode
@@ -937,13 +1075,25 @@ impl Coherence {
     /// Applies the waiting name invalidations from the oldest on, as long as `ready`.
     fn apply_waiting_names(&self, ready: impl Fn(&WaitingNames) -> bool, notifier: &Notifier) {
         let mut names = Vec::new();
+        let oldest = {
+            let mut n = self.names.lock().unwrap();
+            let Some(oldest) = n.waiting.front().filter(|w| ready(w)).map(|w| w.batch) else {
+                return;
+            };
+            while n.waiting.front().is_some_and(&ready) {
+                names.extend(n.waiting.pop_front().unwrap().names);
+            }
+            n.applying.push(oldest);
+            oldest
+        };
+        self.apply(names, notifier);
         {
-            let mut waiting = self.waiting_names.lock().unwrap();
-            while waiting.front().is_some_and(&ready) {
-                names.extend(waiting.pop_front().unwrap().names);
+            let mut n = self.names.lock().unwrap();
+            if let Some(i) = n.applying.iter().position(|&b| b == oldest) {
+                n.applying.swap_remove(i);
             }
         }
-        self.apply(names, notifier);
+        self.release_barriers();
     }
 
     /// Replays host events a slice at a time, then applies the name invalidations that
@@ -1211,6 +1361,28 @@ pub(crate) mod tests {
     /// A distrust takes its sequence number before a push does, but records it after:
     /// the push's later number stays, and a reply to a request sent between the two is
     /// not fresh.
+    #[test]
+    fn a_barrier_waits_for_the_names_of_its_batches_also_while_they_are_applied() {
+        let waiting = |batch| WaitingNames {
+            batch,
+            due: Instant::now(),
+            names: Vec::new(),
+        };
+        let mut n = Names::default();
+        assert!(n.applied_through(7), "nothing waits");
+        n.waiting.extend([waiting(3), waiting(4)]);
+        assert!(n.applied_through(2));
+        assert!(!n.applied_through(3) && !n.applied_through(9));
+        // Batches 3 and 4 taken out by one thread and being applied: still not done.
+        n.waiting.clear();
+        n.applying.push(3);
+        n.waiting.push_back(waiting(5));
+        assert!(n.applied_through(2));
+        assert!(!n.applied_through(4) && !n.applied_through(5));
+        n.applying.clear();
+        assert!(n.applied_through(4) && !n.applied_through(5));
+    }
+
     #[test]
     fn an_invalidation_record_never_goes_back() {
         let co = Coherence::new();

@@ -14,6 +14,7 @@ pub mod restore;
 pub mod rpc;
 pub mod spares;
 pub mod status;
+pub mod sync;
 mod sys;
 pub mod write_behind;
 pub mod write_mode;

@@ -814,6 +814,12 @@ impl Connection {
         self.features_now.load(Ordering::Relaxed) & feature != 0
     }
 
+    /// Whether this client asks every server it connects to for `feature` (what it was
+    /// set up for, whatever the server grants).
+    pub fn asks_for(&self, feature: u64) -> bool {
+        self.params.features & feature != 0
+    }
+
     /// How long a request may wait for a lost server (the redial timeout), or a moment for
     /// a connection that does not redial.
     pub fn request_timeout(&self) -> Duration {

@@ -1,5 +1,7 @@
 //! `tether status MOUNTPOINT`: the mount process answers on a Unix socket named after its
-//! mount point with a short report (connection, caching mode, counters).
+//! mount point with a short report (connection, caching mode, counters). A client first
+//! writes a request line: `status` (or nothing, as earlier versions did) for the report,
+//! `sync` for a barrier (sync.rs).
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -54,7 +56,14 @@ impl StatusServer {
         std::thread::Builder::new()
             .name("tether-status".into())
             .spawn(move || {
-                for stream in listener.incoming().flatten() {
+                for mut stream in listener.incoming().flatten() {
+                    if crate::sync::read_request(&mut stream) == crate::sync::REQUEST {
+                        let (conn, co) = (conn.clone(), co.clone());
+                        let _ = std::thread::Builder::new()
+                            .name("tether-sync".into())
+                            .spawn(move || crate::sync::answer(stream, &conn, &co));
+                        continue;
+                    }
                     let _ = answer(stream, &mp, &conn, &co, fallback);
                 }
             })?;
@@ -209,9 +218,9 @@ fn answer(
     s.write_all(report.as_bytes())
 }
 
-/// Asks the mount process of `mountpoint` for its report.
-pub fn query(mountpoint: &Path) -> io::Result<String> {
-    let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
+/// Connects to the status socket of the mount process of `mountpoint`.
+pub(crate) fn connect(mountpoint: &Path) -> io::Result<UnixStream> {
+    UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
@@ -219,7 +228,14 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
                 mountpoint.display()
             ),
         )
-    })?;
+    })
+}
+
+/// Asks the mount process of `mountpoint` for its report.
+pub fn query(mountpoint: &Path) -> io::Result<String> {
+    let mut s = connect(mountpoint)?;
+    // A mount process of an earlier version reads nothing and answers at once.
+    let _ = s.write_all(b"status\n");
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;

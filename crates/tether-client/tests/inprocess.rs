@@ -305,3 +305,65 @@ fn requests_after_the_server_goes_away_fail_with_eio() {
     s.conn.shut_down();
     assert_eq!(call(&s, Request::Ping), Err(WireErrno::EIO));
 }
+
+/// SYNC is a barrier (protocol.md §18): when its reply arrives, the invalidation of a host
+/// write made before it was sent has arrived too, every time. Without the server draining
+/// its watcher first, the reply overtakes the push (the watcher lets events gather 2 ms).
+#[test]
+fn a_sync_reply_follows_the_push_of_every_change_made_before_it() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::Mutex;
+    use tether_proto::{decode_invalidate, push_op, Invalidation};
+
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("f"), b"round 00000\n").unwrap();
+    let export = Export::open(dir.path(), &ExportOptions::default()).unwrap();
+    let (client_end, server_end) = memory_pipe();
+    let server = thread::spawn(move || {
+        let _ = run_session(export, server_end, &SessionLimits::default(), None, None);
+    });
+    // Every node an INVALIDATE named, in stream order (the reader thread runs this before
+    // it completes a reply that follows the push).
+    let invalidated = Arc::new(Mutex::new(Vec::new()));
+    let seen = invalidated.clone();
+    let on_push: tether_client::rpc::PushHandler = Box::new(move |h, body| {
+        if h.op == push_op::INVALIDATE {
+            let push = decode_invalidate(body).unwrap();
+            for item in push.items {
+                if let Invalidation::Inode(n) = item {
+                    seen.lock().unwrap().push(n);
+                }
+            }
+        }
+    });
+    let conn = Connection::start(client_end, "inprocess-sync", Some(on_push), false).unwrap();
+    let s = Setup {
+        conn,
+        dir,
+        server: Some(server),
+    };
+    let Reply::Entry(e) = call(
+        &s,
+        Request::Lookup {
+            parent: ROOT_NODE,
+            name: b("f"),
+        },
+    )
+    .unwrap() else {
+        panic!("not an entry")
+    };
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(s.dir.path().join("f"))
+        .unwrap();
+    for round in 1..=200 {
+        invalidated.lock().unwrap().clear();
+        file.write_all_at(format!("round {round:05}\n").as_bytes(), 0)
+            .unwrap();
+        assert_eq!(call(&s, Request::Sync), Ok(Reply::Empty));
+        assert!(
+            invalidated.lock().unwrap().contains(&e.node),
+            "round {round}: the SYNC reply came before the push of the host write"
+        );
+    }
+}

@@ -29,11 +29,14 @@ pub fn op_from_selector(sel: u8) -> u16 {
     }
 }
 
-/// The selector byte for a defined op (the inverse of [`op_from_selector`]).
+/// The selector byte for a defined op (the inverse of [`op_from_selector`]): its index in
+/// [`OPS`], or for a later op (not listed, so that older corpora keep their meaning) the
+/// raw code's selector.
 pub fn selector_for(op: Op) -> u8 {
-    OPS.iter()
-        .position(|&o| o == op as u16)
-        .expect("a defined op") as u8
+    match OPS.iter().position(|&o| o == op as u16) {
+        Some(i) => i as u8,
+        None => u8::try_from(OPS.len() + op as usize).expect("an op code below 221"),
+    }
 }
 
 /// Input families of the `messages` target (byte 0, modulo 4).

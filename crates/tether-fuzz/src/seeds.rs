@@ -237,6 +237,7 @@ pub fn requests() -> Vec<Request> {
             flags: 0,
         },
         Ping,
+        Sync,
     ]
 }
 
@@ -307,6 +308,7 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
         (Op::Read, Ok(Reply::Data(Bytes::new()))),
         (Op::Unlink, Ok(Reply::Empty)),
         (Op::Ping, Ok(Reply::Empty)),
+        (Op::Sync, Ok(Reply::Empty)),
         (Op::Open, Ok(Reply::Open { fh: 2, flags: 1 })),
         (Op::Opendir, Ok(Reply::Open { fh: 3, flags: 0 })),
         (
@@ -810,6 +812,7 @@ pub fn session() -> Vec<Vec<u8>> {
         .done();
     let misc = Script::new(0)
         .req(Ping)
+        .req(Sync)
         .req(Hello(hello()))
         .raw(99, 0, &[0; 12])
         .raw(3, FLAG_NO_REPLY, &[])

@@ -305,7 +305,7 @@ fn remap(req: &mut Request, known: &[NodeId]) {
     };
     use Request::*;
     match req {
-        Hello(_) | Auth { .. } | Ping => {}
+        Hello(_) | Auth { .. } | Ping | Sync => {}
         Forget { nodes } => nodes.iter_mut().for_each(|(id, _)| m(id)),
         Lookup { parent, .. }
         | Unlink { parent, .. }

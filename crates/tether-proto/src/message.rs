@@ -70,6 +70,10 @@ pub enum Op {
     Spares = 48,
     /// Gives a spare file its name: the creation the client already answered.
     Bind = 49,
+    /// A freshness barrier: answered only after every invalidation for the host changes
+    /// the server's watcher had queued when it read the request has been pushed
+    /// (protocol.md §18).
+    Sync = 50,
 }
 
 impl Op {
@@ -118,6 +122,7 @@ impl Op {
             47 => LockRelease,
             48 => Spares,
             49 => Bind,
+            50 => Sync,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -539,6 +544,9 @@ pub enum Request {
         umask: u32,
         time: Timespec,
     },
+    /// A freshness barrier (no fields): the reply comes after the invalidations of every
+    /// host change the server's watcher had queued when it read this request.
+    Sync,
 }
 
 /// A successful reply. Which variant an op gets is fixed (see [`Request::op`] and the table
@@ -553,7 +561,7 @@ pub enum Reply {
     /// readlink, read
     Data(Bytes),
     /// unlink, rmdir, rename, release, fsync, setxattr, removexattr, flush, releasedir,
-    /// fsyncdir, access, fallocate, ping
+    /// fsyncdir, access, fallocate, ping, sync
     Empty,
     /// open, opendir
     Open {
@@ -822,6 +830,7 @@ impl Request {
             LockRelease { .. } => Op::LockRelease,
             Spares { .. } => Op::Spares,
             Bind { .. } => Op::Bind,
+            Sync => Op::Sync,
         }
     }
 
@@ -1022,7 +1031,7 @@ impl Request {
                     .u64(*len)
                     .u32(*flags);
             }
-            Ping => {}
+            Ping | Sync => {}
             Reopen {
                 node,
                 fh,
@@ -1262,6 +1271,7 @@ impl Request {
                 flags: d.u32()?,
             },
             Op::Ping => Ping,
+            Op::Sync => Sync,
             Op::Reopen => Reopen {
                 node: d.u64()?,
                 fh: d.u64()?,
@@ -1569,6 +1579,7 @@ impl Reply {
             | Op::Access
             | Op::Fallocate
             | Op::Ping
+            | Op::Sync
             | Op::Reopen
             | Op::Setlk
             | Op::LockRelease => Reply::Empty,

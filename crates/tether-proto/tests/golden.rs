@@ -102,7 +102,7 @@ fn entry_bytes() -> Vec<u8> {
 }
 
 /// Every operation with its code, little-endian as in the frame header.
-const OPS: [(Op, [u8; 2]); 42] = [
+const OPS: [(Op, [u8; 2]); 43] = [
     (Op::Hello, [1, 0]),
     (Op::Auth, [2, 0]),
     (Op::Lookup, [10, 0]),
@@ -145,6 +145,7 @@ const OPS: [(Op, [u8; 2]); 42] = [
     (Op::LockRelease, [47, 0]),
     (Op::Spares, [48, 0]),
     (Op::Bind, [49, 0]),
+    (Op::Sync, [50, 0]),
 ];
 
 /// Compares two frames, showing both in hex and the first differing offset on failure.
@@ -1107,6 +1108,21 @@ fn request_cases() -> Vec<ReqCase> {
             .concat(),
         },
         ReqCase {
+            name: "sync",
+            id: 42,
+            caller: CALLER,
+            req: Request::Sync,
+            expected: [
+                &[0x18, 0, 0, 0][..],         // len: 24
+                &[1],                         // kind: request
+                &[0],                         // flags
+                &[50, 0],                     // op: 50 sync
+                &[0x2a, 0, 0, 0, 0, 0, 0, 0], // id 42
+                &CALLER_BYTES,                // caller, and nothing else
+            ]
+            .concat(),
+        },
+        ReqCase {
             name: "reopen",
             id: 42,
             caller: CALLER,
@@ -1922,6 +1938,7 @@ fn reply_cases() -> Vec<ReplyCase> {
         (Op::Access, [37, 0]),
         (Op::Fallocate, [39, 0]),
         (Op::Ping, [42, 0]),
+        (Op::Sync, [50, 0]),
         (Op::Reopen, [43, 0]),
         (Op::Setlk, [45, 0]),
         (Op::LockRelease, [47, 0]),
@@ -2484,7 +2501,7 @@ fn trailing_bytes_are_refused() {
 #[test]
 fn unknown_ops_are_refused() {
     let body = Bytes::copy_from_slice(&CALLER_BYTES);
-    for op in [0u16, 3, 9, 50, 100, 0x8000, u16::MAX] {
+    for op in [0u16, 3, 9, 51, 100, 0x8000, u16::MAX] {
         assert_eq!(Op::from_u16(op), Err(DecodeError::UnknownOp(op)));
         assert_eq!(
             Request::decode(op, body.clone()),

@@ -1,6 +1,7 @@
 //! One client connection: handshake, then a pool of workers that take turns reading the
 //! next request, execute requests concurrently and write each reply as soon as it is ready
-//! (out of order); a watcher thread writes pushed invalidations on the same stream, and
+//! (out of order); a watcher thread writes pushed invalidations on the same stream (and a
+//! worker that reads a SYNC writes those queued so far before its reply: [`Pusher`]), and
 //! another the locks other sessions freed (LOCK_FREED).
 
 use std::io::{self, Write};
@@ -195,11 +196,12 @@ pub fn run_session(
     let draining = move || drain.as_ref().is_some_and(|d| d.is_draining());
     let writer: SharedWriter = Arc::new(Mutex::new(writer));
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = watch.then(|| {
+    let pusher = watch.then(|| Arc::new(Pusher::default()));
+    let watcher = pusher.clone().map(|pusher| {
         let (fs, writer, stop) = (fs.clone(), writer.clone(), stop.clone());
         thread::Builder::new()
             .name("tether-watch".into())
-            .spawn(move || push_changes(&fs, &writer, &stop))
+            .spawn(move || push_changes(&fs, &pusher, &writer, &stop))
             .expect("spawn watcher")
     });
     let lock_pusher = watch.then(|| {
@@ -215,8 +217,9 @@ pub fn run_session(
     let reader = Arc::new(Mutex::new(reader));
     let workers: Vec<_> = (0..limits.workers)
         .map(|i| {
-            let (fs, reader, writer, closer, draining) = (
+            let (fs, pusher, reader, writer, closer, draining) = (
                 fs.clone(),
+                pusher.clone(),
                 reader.clone(),
                 writer.clone(),
                 closer.clone(),
@@ -225,7 +228,7 @@ pub fn run_session(
             thread::Builder::new()
                 .name(format!("tether-worker-{i}"))
                 .spawn(move || {
-                    let outcome = worker(&fs, &reader, &writer);
+                    let outcome = worker(&fs, pusher.as_deref(), &reader, &writer);
                     match outcome {
                         // At the end of the stream every worker stops by itself, after
                         // answering the request it is working on.
@@ -277,19 +280,44 @@ impl Drop for Registered {
     }
 }
 
-/// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
-fn push_changes(fs: &ExportFs, writer: &SharedWriter, stop: &AtomicBool) {
-    let mut seq = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let changes = fs.changes(Duration::from_millis(200));
+/// Writes a watching session's INVALIDATE pushes, for the push thread and for SYNC.
+///
+/// Whoever holds `seq` reads the watch queues and writes the pushes they held before
+/// letting go. So a SYNC that takes it after its request was read finds each change queued
+/// before then either pushed already (by the push thread, which held it while it read
+/// that change) or in its own read, and its reply, written after, follows every such push.
+#[derive(Default)]
+struct Pusher {
+    /// The sequence number of the last INVALIDATE of the session.
+    seq: Mutex<u64>,
+}
+
+impl Pusher {
+    /// Reads the changes queued now, without waiting, and writes their pushes.
+    fn push_queued(&self, fs: &ExportFs, writer: &SharedWriter) -> io::Result<()> {
+        let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        let changes = fs.queued_changes();
         if changes.is_empty() {
-            continue;
+            return Ok(());
         }
         tracing::debug!(?changes, "pushing invalidations");
         for frame in tether_proto::invalidate_frames(&mut seq, &changes.items, &changes.events) {
-            if write_frame(&mut **writer.lock().unwrap(), &frame).is_err() {
-                return;
-            }
+            write_frame(&mut **writer.lock().unwrap(), &frame)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
+/// Waits for the watch queues without holding the [`Pusher`], so a SYNC never waits for
+/// the 2 ms the watcher lets events gather.
+fn push_changes(fs: &ExportFs, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        if !fs.wait_for_changes(Duration::from_millis(200)) {
+            continue;
+        }
+        if pusher.push_queued(fs, writer).is_err() {
+            return;
         }
     }
 }
@@ -325,8 +353,20 @@ type SharedReader = Arc<Mutex<Box<dyn std::io::Read + Send>>>;
 /// executes and answers while still holding the reader, then reads on: a request that
 /// arrives meanwhile waits that long, but no worker is woken to take over reading only to
 /// sleep again (two context switches, of about eight per created file).
-fn worker(fs: &ExportFs, reader: &SharedReader, writer: &SharedWriter) -> Result<(), SessionError> {
+fn worker(
+    fs: &ExportFs,
+    pusher: Option<&Pusher>,
+    reader: &SharedReader,
+    writer: &SharedWriter,
+) -> Result<(), SessionError> {
     let execute = |h: &FrameHeader, body| -> Result<(), SessionError> {
+        if h.op == Op::Sync as u16 {
+            // The barrier: every change queued by now is pushed before the reply. A session
+            // that does not watch has nothing to push (and answers at once).
+            if let Some(p) = pusher {
+                p.push_queued(fs, writer)?;
+            }
+        }
         if let Some(frame) = handle_frame(fs, h, body)? {
             let mut w = writer.lock().unwrap();
             write_frame(&mut **w, &frame)?;

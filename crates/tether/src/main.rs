@@ -163,6 +163,20 @@ enum Command {
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
+    /// Wait until every host change made before now is visible through MOUNTPOINT.
+    ///
+    /// When it returns, every change made on the host (or through another mount of the
+    /// same export) that completed before it started is visible through MOUNTPOINT. Run it
+    /// in the guest after editing on the host and before building, e.g.
+    /// `tether sync /mnt/src && make -C /mnt/src`. Without it a host change shows within a
+    /// few milliseconds (docs/coherence.md). Fails on a mount that revalidates on a timer
+    /// (--no-push), where nothing can be promised, and with a server too old for it.
+    Sync {
+        mountpoint: PathBuf,
+        /// Print nothing on success (otherwise: how long the barrier took).
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Unmount a Tether mount (also one whose client died). Anything else mounted there is
     /// refused unless --force.
     Unmount {
@@ -531,7 +545,8 @@ fn run(cmd: Command) -> Result<()> {
             let addr = client_address(&address, ssh)?;
             if check_mount_point(&mountpoint)? == MountPointCheck::NotEmpty && !nonempty {
                 eprintln!(
-                    "tether: note: {} is not empty: its files are hidden while the mount is                      there (--nonempty to mount without this note)",
+                    "tether: note: {} is not empty: its files are hidden while the mount is \
+                     there (--nonempty to mount without this note)",
                     mountpoint.display()
                 );
             }
@@ -630,6 +645,7 @@ fn run(cmd: Command) -> Result<()> {
             print_out(&tether_client::status::query(&mountpoint)?)?;
             Ok(())
         }
+        Command::Sync { mountpoint, quiet } => sync_mount(&mountpoint, quiet),
         Command::Unmount {
             mountpoint,
             lazy,
@@ -643,7 +659,8 @@ fn run(cmd: Command) -> Result<()> {
             };
             if !m.is_tether() && !force {
                 bail!(
-                    "{shown} is a {} mount of {}, not a Tether mount: refusing to unmount it                      (--force unmounts it anyway)",
+                    "{shown} is a {} mount of {}, not a Tether mount: refusing to unmount it \
+                     (--force unmounts it anyway)",
                     m.fstype,
                     m.source
                 );
@@ -670,4 +687,20 @@ pub fn print_out(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
     }
+}
+
+/// `tether sync MOUNTPOINT`: the freshness barrier (tether_client::sync).
+fn sync_mount(mountpoint: &std::path::Path, quiet: bool) -> Result<()> {
+    let synced = tether_client::sync::sync(mountpoint)?;
+    for note in &synced.notes {
+        eprintln!("tether: note: {note}");
+    }
+    if !quiet {
+        print_out(&format!(
+            "synced {} in {} us\n",
+            mountpoint.display(),
+            synced.took.as_micros()
+        ))?;
+    }
+    Ok(())
 }

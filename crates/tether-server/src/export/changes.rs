@@ -59,14 +59,33 @@ impl Collector {
 }
 
 impl ExportFs {
-    /// Turns watch events into the invalidations (and host events) the client needs,
-    /// leaving out the echoes of its own changes. Waits up to `timeout` for events.
+    /// Waits up to `timeout` for events and turns them into changes ([`ExportFs::queued_changes`]).
     pub fn changes(&self, timeout: Duration) -> Changes {
+        if !self.wait_for_changes(timeout) {
+            return Changes::default();
+        }
+        self.queued_changes()
+    }
+
+    /// Waits up to `timeout` for watch events to be queued (and a moment for more to
+    /// gather); true if there may be some to read. Reads nothing.
+    pub fn wait_for_changes(&self, timeout: Duration) -> bool {
+        match &self.watcher {
+            Some(w) => w.wait(timeout),
+            None => {
+                std::thread::sleep(timeout);
+                false
+            }
+        }
+    }
+
+    /// Turns the watch events queued now into the invalidations (and host events) the
+    /// client needs, leaving out the echoes of its own changes. Does not wait.
+    pub fn queued_changes(&self) -> Changes {
         let Some(w) = &self.watcher else {
-            std::thread::sleep(timeout);
             return Changes::default();
         };
-        let (events, mut by_others) = match w.read(timeout) {
+        let (events, mut by_others) = match w.read_queued() {
             Ok(Batch::Events(e, foreign)) => {
                 // Before any node is looked for (ops.rs, `state_now`).
                 if !e.is_empty() || !foreign.is_empty() {

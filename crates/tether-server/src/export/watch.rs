@@ -202,7 +202,6 @@ impl Watcher {
         self.expected.clear();
     }
 
-    /// Waits up to `timeout` for events and returns all that are queued.
     /// This session made spare file `ino` and holds it open (see `unnamed`).
     pub fn made_unnamed(&self, ino: u64) {
         self.unnamed.lock().unwrap().insert(ino);
@@ -229,7 +228,17 @@ impl Watcher {
         true
     }
 
+    /// Waits up to `timeout` for events and returns all that are queued.
     pub fn read(&self, timeout: Duration) -> io::Result<Batch> {
+        if !self.wait(timeout) {
+            return Ok(Batch::Events(Vec::new(), ForeignChanged::new()));
+        }
+        self.read_queued()
+    }
+
+    /// Waits up to `timeout` for an event to be queued, then [`SETTLE`] for more to gather;
+    /// true if there is something to read (which another thread may read first).
+    pub fn wait(&self, timeout: Duration) -> bool {
         let pollfd = |fd: i32| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -248,9 +257,15 @@ impl Watcher {
             )
         };
         if n <= 0 {
-            return Ok(Batch::Events(Vec::new(), ForeignChanged::new()));
+            return false;
         }
         std::thread::sleep(SETTLE);
+        true
+    }
+
+    /// Returns every event queued now, without waiting: each change a system call completed
+    /// before this call queued its events in it (a SYNC relies on this).
+    pub fn read_queued(&self) -> io::Result<Batch> {
         let mut events = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {

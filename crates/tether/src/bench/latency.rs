@@ -1,6 +1,8 @@
 //! `tether latency`: how long a change made on the host takes to become visible through a
 //! mount. Each trial makes one change in HOSTDIR and polls the same path in MOUNTDIR until
-//! the change shows, cycling through ten kinds of change, each with its own check.
+//! the change shows, cycling through ten kinds of change, each with its own check. With
+//! `--sync`, each change is followed by `tether sync` and one check instead: the times are
+//! the barrier's, and a change not visible after it is a failure of the barrier.
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write as _};
@@ -424,8 +426,13 @@ struct LatencyReport {
     poll_us: u64,
     /// Timed to an inotify event on the mount rather than to a poll showing the change.
     inotify: bool,
+    /// Each change followed by `tether sync` and one check; times are the sync's.
+    sync: bool,
     kinds: Vec<KindReport>,
     overall: Stats,
+    /// With `sync`: syncs with nothing changed (before each change).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idle_sync: Option<Stats>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Option<f64> {
@@ -477,7 +484,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     };
     let result = trials(&args, &mut lab, &intr);
     let removed = fs::remove_dir_all(&host);
-    let tallies = match result {
+    let (tallies, idle) = match result {
         Err(e) if sys::is_interrupted(&e) => bail!("interrupted; removed {}", host.display()),
         r => r?,
     };
@@ -490,7 +497,13 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         .zip(&tallies)
         .map(|(k, t)| KindReport {
             kind: k.name(),
-            check: if args.inotify { k.event().1 } else { k.check() },
+            check: if args.inotify {
+                k.event().1
+            } else if args.sync {
+                "read once right after the sync"
+            } else {
+                k.check()
+            },
             stats: stats(&t.samples, t.not_visible + t.setup_not_visible),
             setup_not_visible: t.setup_not_visible,
             stopped: t.stopped,
@@ -509,6 +522,8 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         timeout_s: args.timeout,
         poll_us: POLL.as_micros() as u64,
         inotify: args.inotify,
+        sync: args.sync,
+        idle_sync: args.sync.then(|| stats(&idle, 0)),
         overall: stats(
             &all,
             tallies
@@ -526,7 +541,13 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     Ok(())
 }
 
-fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tally>> {
+/// Runs the trials; returns their tallies by kind and, with `--sync`, the times of the
+/// syncs with nothing changed.
+fn trials(
+    args: &LatencyArgs,
+    lab: &mut Lab,
+    intr: &Interrupt,
+) -> Result<(Vec<Tally>, Vec<Duration>)> {
     let timeout = Duration::from_secs_f64(args.timeout);
     let per_kind = (args.trials as usize).div_ceil(KINDS.len());
     let names = lab.setup(per_kind)?;
@@ -562,6 +583,12 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
     };
     let (bars, pb) = super::progress(u64::from(args.trials));
     let mut tallies: Vec<Tally> = KINDS.iter().map(|_| Tally::default()).collect();
+    let mut idle = Vec::new();
+    let sync = |lab: &Lab| -> Result<Duration> {
+        let start = Instant::now();
+        tether_client::sync::sync(&lab.mount)?;
+        Ok(start.elapsed())
+    };
     for i in 0..args.trials as usize {
         intr.check()?;
         pb.inc(1);
@@ -583,9 +610,16 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
             if let Some(p) = &probe {
                 p.read(); // events of the checks above
             }
+            if args.sync {
+                idle.push(sync(lab)?);
+            }
             lab.change(kind, k)
                 .with_context(|| format!("{} #{k} on the host", kind.name()))?;
             let seen = match &probe {
+                _ if args.sync => {
+                    let took = sync(lab)?;
+                    lab.holds(kind, k, true).then_some(took)
+                }
                 Some(p) => {
                     let (a, b) = Lab::names(kind, k);
                     let name = if kind == Change::Rename { b } else { a };
@@ -619,7 +653,7 @@ fn trials(args: &LatencyArgs, lab: &mut Lab, intr: &Interrupt) -> Result<Vec<Tal
         }
     }
     pb.finish_and_clear();
-    Ok(tallies)
+    Ok((tallies, idle))
 }
 
 fn fmt_ms(ms: Option<f64>) -> String {
@@ -636,6 +670,8 @@ fn table(r: &LatencyReport) -> String {
     let mut out = String::new();
     let how = if r.inotify {
         "heard by an inotify watch on"
+    } else if r.sync {
+        "each followed by `tether sync` and one read through"
     } else {
         "polled through"
     };
@@ -646,6 +682,8 @@ fn table(r: &LatencyReport) -> String {
     );
     let poll = if r.inotify {
         String::new()
+    } else if r.sync {
+        "; times are the sync's, \"not visible\" means stale after it".into()
     } else {
         format!("; polling every {} us", r.poll_us)
     };
@@ -708,6 +746,16 @@ fn table(r: &LatencyReport) -> String {
             }
         }
         let _ = writeln!(out, "{}", line.trim_end());
+    }
+    if let Some(idle) = &r.idle_sync {
+        let _ = writeln!(
+            out,
+            "\nsync with nothing changed: n {}, p50 {}, p99 {}, max {}",
+            idle.visible,
+            fmt_ms(idle.p50_ms),
+            fmt_ms(idle.p99_ms),
+            fmt_ms(idle.max_ms)
+        );
     }
     if r.kinds.iter().any(|k| k.stopped) {
         let _ = writeln!(

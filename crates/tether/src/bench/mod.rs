@@ -69,8 +69,13 @@ pub struct LatencyArgs {
     pub json: Option<PathBuf>,
     /// Time until an inotify watch on MOUNTDIR reports each change (the event a local change
     /// would raise), instead of until a poll of the mount shows it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sync")]
     pub inotify: bool,
+    /// Follow each change with `tether sync` on MOUNTDIR's mount and check the mount once:
+    /// the times are the sync's, and "not visible" counts changes still stale after it. A
+    /// sync with nothing changed is timed before each change too ("idle").
+    #[arg(long)]
+    pub sync: bool,
 }
 
 /// A progress bar when both outputs are a terminal (and whether it is shown), a hidden one
