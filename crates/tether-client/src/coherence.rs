@@ -1358,9 +1358,6 @@ pub(crate) mod tests {
         assert!(co.kernel_holds.is_empty(), "nothing left behind");
     }
 
-    /// A distrust takes its sequence number before a push does, but records it after:
-    /// the push's later number stays, and a reply to a request sent between the two is
-    /// not fresh.
     #[test]
     fn a_barrier_waits_for_the_names_of_its_batches_also_while_they_are_applied() {
         let waiting = |batch| WaitingNames {
@@ -1383,6 +1380,9 @@ pub(crate) mod tests {
         assert!(n.applied_through(4) && !n.applied_through(5));
     }
 
+    /// A distrust takes its sequence number before a push does, but records it after:
+    /// the push's later number stays, and a reply to a request sent between the two is
+    /// not fresh.
     #[test]
     fn an_invalidation_record_never_goes_back() {
         let co = Coherence::new();
