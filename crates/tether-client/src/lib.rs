@@ -1,27 +1,26 @@
-//! Tether's guest side: a pipelined RPC connection to the server ([`rpc`]) and the FUSE
-//! file system that the kernel talks to ([`fuse_fs`]).
+//! Tether's guest side, in layers (each imports only those listed before it):
+//!
+//! - [`sys`]: what the kernel says (statx, the mount's own directory for helper threads);
+//! - [`rpc`]: the pipelined connection to the server, with reconnects;
+//! - [`cache`]: what the client keeps and how long it may trust it ([`Coherence`]);
+//! - [`invalidate`]: host changes turned into the guest kernel's view (replays, fixes);
+//! - [`write`]: how guest writes reach the host ([`WriteMode`]);
+//! - [`fuse`]: the file system the kernel talks to;
+//! - [`restore`], [`mount`], [`status`], [`sync`]: putting it together, and what the CLI
+//!   asks of a running mount.
 
-pub mod coherence;
-pub mod fuse_fs;
-pub mod host_events;
-pub mod io_uring;
-pub mod known_attrs;
-pub mod locks;
+pub mod cache;
+pub mod fuse;
+pub mod invalidate;
 pub mod mount;
-pub mod partial_pages;
-pub mod prefetch;
 pub mod restore;
 pub mod rpc;
-pub mod spares;
 pub mod status;
 pub mod sync;
 mod sys;
-pub mod write_behind;
-pub mod write_mode;
-pub mod writeback;
-pub mod written_files;
+pub mod write;
 
-pub use coherence::Coherence;
-pub use fuse_fs::{CachePolicy, TetherFs};
+pub use cache::coherence::Coherence;
+pub use fuse::fs::{CachePolicy, TetherFs};
 pub use rpc::Connection;
-pub use write_mode::WriteMode;
+pub use write::mode::WriteMode;

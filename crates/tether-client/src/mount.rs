@@ -9,13 +9,15 @@ use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-use crate::coherence::Coherence;
-use crate::fuse_fs::{CachePolicy, TetherFs};
-use crate::host_events::Replayer;
-use crate::locks::Locks;
+use crate::cache::coherence::Coherence;
+use crate::fuse::fs::{CachePolicy, TetherFs};
+use crate::fuse::locks::Locks;
+use crate::invalidate::fixer::AttrFixer;
+use crate::invalidate::host_events::Replayer;
 use crate::restore::Restore;
 use crate::rpc::Connection;
-use crate::writeback::{AttrFixer, Flusher, MountDir, FLUSH_INTERVAL};
+use crate::sys::mount_dir::MountDir;
+use crate::write::flusher::{Flusher, FLUSH_INTERVAL};
 
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -30,7 +32,7 @@ pub struct MountOptions {
     /// Take flock, POSIX and OFD locks on the host's files (needs root, for fanotify); off,
     /// they are local to this guest's kernel.
     pub host_locks: bool,
-    /// Serve kernel requests through FUSE over io_uring, one queue per CPU (io_uring.rs).
+    /// Serve kernel requests through FUSE over io_uring, one queue per CPU (fuse/io_uring.rs).
     pub io_uring: bool,
 }
 
@@ -132,7 +134,7 @@ impl Mounted {
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
         if opts.io_uring {
-            config.io_uring_depth = crate::io_uring::prepare()?;
+            config.io_uring_depth = crate::fuse::io_uring::prepare()?;
         }
         // Replays need a writable mount: the kernel refuses them on a read-only one.
         let replayer = (opts.watch_events
@@ -146,7 +148,7 @@ impl Mounted {
         // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, no writeback cache.
         let dir = Arc::new(MountDir::new(mountpoint.to_path_buf()));
         let fixer = root.then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
-        // Host locks need fanotify to see closes of locked files (locks.rs), so root; a
+        // Host locks need fanotify to see closes of locked files (fuse/locks.rs), so root; a
         // mount without them keeps locks local to this guest, as before.
         let locks = (opts.host_locks && root)
             .then(|| Locks::start(conn.clone(), dir.clone()))
@@ -172,7 +174,7 @@ impl Mounted {
             raise_readahead(mountpoint);
         }
         if opts.io_uring {
-            crate::io_uring::report(&co, session.io_uring());
+            crate::fuse::io_uring::report(&co, session.io_uring());
         }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(f) = &fixer {
@@ -223,7 +225,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
 }
 
 /// Runs `unmount` again while it fails with EBUSY, for up to a second. The mount's own
-/// flusher holds a descriptor for the moment of each sync (writeback.rs), a file may have
+/// flusher holds a descriptor for the moment of each sync (invalidate/fixer.rs), a file may have
 /// been closed a moment ago, and the client's helpers (listers, locks) read it: EBUSY for
 /// that long is not "files open".
 pub fn retrying_while_busy(mut unmount: impl FnMut() -> io::Result<()>) -> io::Result<()> {

@@ -752,7 +752,7 @@ impl Connection {
                 broken: false,
             };
             // Waiting requests before the FORGETs held during the restore: a write the
-            // kernel was told is done (write_behind.rs) must reach its node before a FORGET
+            // kernel was told is done (write/behind.rs) must reach its node before a FORGET
             // sent after it lets the server drop the node. (Lookup counts only add up, so a
             // waiting LOOKUP before a FORGET is as good as after it.)
             let resent = self.send_waiting(&mut link);

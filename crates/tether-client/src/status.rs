@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether_proto::IdMapping;
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 use crate::rpc::Connection;
 
 /// Where the status socket of `mountpoint` lives.
@@ -213,7 +213,7 @@ fn answer(
         co.counters
             .lock_waits_ended_by_release
             .load(Ordering::Relaxed),
-        crate::io_uring::status(co),
+        crate::fuse::io_uring::status(co),
     );
     s.write_all(report.as_bytes())
 }
@@ -242,7 +242,7 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
     Ok(out)
 }
 
-/// The create-behind part of the write-behind line (spares.rs).
+/// The create-behind part of the write-behind line (write/spares.rs).
 fn create_behind(co: &Coherence, conn: &Connection) -> String {
     let Some(s) = co.spares.get().filter(|s| s.on()) else {
         return "file creations wait for the server (`mount --writes create-behind` to change)"

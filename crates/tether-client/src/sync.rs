@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tether_proto::handshake::features;
 use tether_proto::{Caller, Reply, Request, WireErrno};
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 use crate::rpc::Connection;
 
 /// The status socket's request line for a barrier.

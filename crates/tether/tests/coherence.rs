@@ -63,7 +63,7 @@ fn every_kind_of_host_change_is_seen_promptly() {
 }
 
 /// The same with the kernel's writeback cache, where the guest kernel owns sizes and mtimes
-/// and only the fixer (writeback.rs) makes the host's show.
+/// and only the fixer (invalidate/fixer.rs) makes the host's show.
 #[test]
 fn every_kind_of_host_change_is_seen_promptly_with_the_writeback_cache() {
     require_mount!();
@@ -452,7 +452,7 @@ fn a_capability_given_to_a_file_the_guest_created_shows() {
 /// The kernel leaves a page that no single write covered "not up to date" in its cache, and
 /// reads each such page with a READ of its own: 512 round trips for this file. The client
 /// drops them when the first is read, so that readahead fetches the rest in large requests
-/// (partial_pages.rs). The content must survive that.
+/// (cache/partial_pages.rs). The content must survive that.
 #[test]
 fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
     require_mount!();
@@ -488,7 +488,7 @@ fn a_file_written_in_small_pieces_reads_back_in_large_requests() {
 }
 
 /// A small file written through the mount in pieces keeps its page "not up to date", so the
-/// kernel READs it back; the client answers from what it wrote (written_files.rs), not the
+/// kernel READs it back; the client answers from what it wrote (cache/written_files.rs), not the
 /// server. That must be the file: a hole reads as zeros, a truncation to nothing starts it
 /// again, and a host change after the guest's writes wins.
 #[test]
@@ -569,7 +569,7 @@ fn small_file_read_back_from_its_copy(mount_args: &[&str]) {
 /// After every READ the kernel forgets the file's atime, so the next `stat` of each file a
 /// program read from the server asks for its attributes again (a build's `stat` of every
 /// source its compiler read). The client answers from the LOOKUP or listing that found the
-/// file (known_attrs.rs, `learn_entry`), without the server: a stat of 100 files just read
+/// file (cache/known_attrs.rs, `learn_entry`), without the server: a stat of 100 files just read
 /// sent about 100 GETATTRs to the server without that.
 #[test]
 fn stat_after_a_cold_read_is_answered_without_the_server() {
@@ -627,7 +627,7 @@ fn small_writes_reach_the_server_in_large_requests() {
 
 /// Reading a file again after closing it costs no round trip: with the writeback cache the
 /// kernel forgets a file's block count at every close and asks again at the next `stat`,
-/// which the client answers from what it last heard (known_attrs.rs): a warm `grep -r` or
+/// which the client answers from what it last heard (cache/known_attrs.rs): a warm `grep -r` or
 /// `cp -r` of a tree went from 1.9x to 14x native without that.
 #[test]
 fn stat_after_close_is_answered_without_a_round_trip() {
@@ -797,7 +797,7 @@ fn directories_are_listed_ahead_two_at_a_time() {
 
 /// A cold walk through directories in sorted order (git's, tar's): after it misses in one,
 /// the client lists the next ones ahead of it, more of them once the walk comes where
-/// that plan led (prefetch.rs), and their names then need no LOOKUP.
+/// that plan led (cache/prefetch.rs), and their names then need no LOOKUP.
 #[test]
 fn a_sorted_walk_finds_the_next_directories_listed_ahead() {
     require_mount!();
@@ -845,7 +845,7 @@ fn a_sorted_walk_finds_the_next_directories_listed_ahead() {
 
 /// A cold walk by known paths: after two LOOKUPs in a directory the client lists it once
 /// through the mount, and the kernel finds the next names in its dentry cache
-/// (prefetch.rs); a host change made after the listing still shows.
+/// (cache/prefetch.rs); a host change made after the listing still shows.
 #[test]
 fn a_cold_walk_by_path_is_answered_from_one_listing() {
     require_mount!();
@@ -1007,7 +1007,7 @@ fn a_listing_never_hides_a_change_made_through_the_mount() {
 }
 
 /// After every write the kernel asks for the file's size and times again: the WRITE reply
-/// carries them (WRITE_ATTR) and the client answers (known_attrs.rs). What the guest sees
+/// carries them (WRITE_ATTR) and the client answers (cache/known_attrs.rs). What the guest sees
 /// must be the host's, and a host change after the write must still show.
 #[test]
 fn a_files_attributes_after_a_write_are_known_without_asking() {
@@ -1084,7 +1084,7 @@ fn a_directorys_attributes_after_a_creation_are_known_without_asking() {
         "{} GETATTRs for 30 creations",
         count("GETATTR")
     );
-    // With --writes=create-behind a creation may be a BIND of a spare file (spares.rs).
+    // With --writes=create-behind a creation may be a BIND of a spare file (write/spares.rs).
     let creations = count("CREATE") + count("BIND");
     assert_eq!((creations, count("WRITE")), (30, 30), "{after}");
     assert_eq!((count("LOOKUP"), count("RELEASE")), (0, 0), "{after}");
@@ -1283,7 +1283,7 @@ fn a_change_pushed_before_the_kernel_made_the_node_is_not_lost() {
     for round in 0..ROUNDS {
         if round > 0 {
             // Two LOOKUPs that miss in one directory within 0.5 s start a listing of it
-            // (prefetch.rs), which would make the next file's inode on another thread.
+            // (cache/prefetch.rs), which would make the next file's inode on another thread.
             std::thread::sleep(Duration::from_millis(600));
         }
         let name = format!("f{round}");

@@ -1,5 +1,5 @@
 //! Name invalidations with host events on (the default): they wait for the replays of
-//! their batch of host events (host_events.rs), at most 200 ms, whatever the replay thread
+//! their batch of host events (invalidate/host_events.rs), at most 200 ms, whatever the replay thread
 //! is doing. In a test binary of its own: it slows down every scan for guest watchers on
 //! the machine for a few seconds, which would upset the timing of the other watcher tests.
 

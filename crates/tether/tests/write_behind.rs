@@ -1,6 +1,6 @@
-//! Write-behind (`mount --writes=behind`, crates/tether-client/src/write_behind.rs): a small
+//! Write-behind (`mount --writes=behind`, crates/tether-client/src/write/behind.rs): a small
 //! written-through write() is answered once it is on its way to the server; with
-//! `--writes=create-behind` (spares.rs) a creation too. What must hold: the next request sees
+//! `--writes=create-behind` (write/spares.rs) a creation too. What must hold: the next request sees
 //! it, an error the server meets reaches the writer's next write or fsync (and the guest
 //! then sees what the host has), and an unmount right after writing loses nothing.
 
@@ -251,7 +251,7 @@ fn by_default_no_write_is_answered_early() {
     );
 }
 
-/// Creations answered with spare files (crates/tether-client/src/spares.rs): the host gets
+/// Creations answered with spare files (crates/tether-client/src/write/spares.rs): the host gets
 /// each file under its name, with the content, permissions, owner, group, inode number and
 /// modification time the guest was told; in a set-group-ID directory the directory's group.
 #[test]

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tether_proto::{Attr, NodeId, Request};
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 
 /// A request's count against the nodes it changes, to repeat when it is answered; and
 /// whether it makes or removes names in them (directories).
@@ -286,7 +286,7 @@ mod tests {
         assert!(d.get(1, &co).is_none());
     }
 
-    /// A lock just granted (locks.rs) distrusts the node: the last holder may have written
+    /// A lock just granted (fuse/locks.rs) distrusts the node: the last holder may have written
     /// the file elsewhere, and its invalidation may still be on its way. Nothing known of
     /// it stays, and a reply already on its way is neither kept nor cached by the kernel.
     #[test]
@@ -328,10 +328,10 @@ mod tests {
     }
 
     /// A FORGET of another node that drops an invalidation doubts only replies on their
-    /// way at that moment (coherence.rs), not attributes learned before.
+    /// way at that moment (cache/coherence.rs), not attributes learned before.
     #[test]
     fn a_forgotten_invalidation_doubts_replies_on_their_way_not_attributes_known() {
-        use crate::coherence::tests::push;
+        use crate::cache::coherence::tests::push;
         use tether_proto::Invalidation;
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();

@@ -38,11 +38,11 @@ use dashmap::DashSet;
 use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
-use crate::coherence::Coherence;
-use crate::fuse_fs::errno;
-use crate::restore::Known;
+use crate::cache::coherence::Coherence;
+use crate::cache::known::Known;
+use crate::fuse::fs::errno;
 use crate::rpc::{Connection, ReplyResult};
-use crate::writeback::MountDir;
+use crate::sys::mount_dir::MountDir;
 
 /// First and longest wait between two tries of a blocking lock.
 const FIRST_BACKOFF: Duration = Duration::from_millis(1);
@@ -563,7 +563,7 @@ impl LockThread {
             return;
         };
         // The client's own records too, and replies on their way: else it could answer the
-        // kernel's next GETATTR with the size it knew (known_attrs.rs), and the locker would
+        // kernel's next GETATTR with the size it knew (cache/known_attrs.rs), and the locker would
         // read only that far (the size this mount's own last write left, before the other
         // holder's longer one).
         s.co.distrust(node);
@@ -612,7 +612,7 @@ impl LockThread {
     }
 
     /// With the writeback cache, the guest's writes under a lock reach the host before
-    /// the lock is released (writeback.rs).
+    /// the lock is released (invalidate/fixer.rs).
     fn write_back(&self, node: NodeId) {
         if let Some(f) = self.session.get().and_then(|s| s.co.fixer()) {
             f.write_back(node);

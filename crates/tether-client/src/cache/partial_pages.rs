@@ -20,7 +20,7 @@ use dashmap::DashMap;
 use fuser::Notifier;
 use tether_proto::NodeId;
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 
 const PAGE: u64 = 4096;
 

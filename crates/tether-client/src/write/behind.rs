@@ -141,7 +141,7 @@ impl WriteBehind {
         begun
     }
 
-    /// Counts the creation of `node` (spares.rs), answered before the server made it, as in
+    /// Counts the creation of `node` (write/spares.rs), answered before the server made it, as in
     /// flight like a write: later writes' errors and waiters queue behind it, and the
     /// client's exit waits for it. False when write-behind is off or too much is in flight.
     pub fn begin_creation(&self, node: NodeId) -> bool {

@@ -22,3 +22,5 @@ pub(crate) fn statx(
     // SAFETY: statx succeeded and filled it.
     Ok(unsafe { stx.assume_init() })
 }
+
+pub mod mount_dir;

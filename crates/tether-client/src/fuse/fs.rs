@@ -23,19 +23,19 @@ use tether_proto::{
     Request, SetAttr, SetTime, Timespec, WireErrno,
 };
 
-use crate::coherence::{Coherence, WATCHED_TTL};
-use crate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
-use crate::known_attrs::KnownAttrs;
-use crate::locks::{LockRequest, Locks};
-use crate::partial_pages::PartialPages;
-use crate::prefetch::Prefetch;
-use crate::restore::{Binding, Known, OpenHandle};
+use crate::cache::coherence::{Coherence, WATCHED_TTL};
+use crate::cache::known::{Binding, Known, OpenHandle};
+use crate::cache::known_attrs::KnownAttrs;
+use crate::cache::partial_pages::PartialPages;
+use crate::cache::prefetch::Prefetch;
+use crate::cache::written_files::WrittenFiles;
+use crate::fuse::locks::{LockRequest, Locks};
+use crate::invalidate::fixer::AttrFixer;
+use crate::invalidate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
 use crate::rpc::{Connection, ReplyResult};
-use crate::spares::{self, PoolKey, Spares};
-use crate::write_behind::{self, WriteBehind};
-use crate::write_mode::WriteMode;
-use crate::writeback::AttrFixer;
-use crate::written_files::WrittenFiles;
+use crate::write::behind::{self, WriteBehind};
+use crate::write::mode::WriteMode;
+use crate::write::spares::{self, PoolKey, Spares};
 
 /// What a READDIRPLUS asks the server for at most: glibc's readdir buffer (the kernel's,
 /// since Linux 6.x, is the caller's getdents size).
@@ -47,7 +47,7 @@ const LISTING_BYTES: u32 = 32 * 1024;
 pub struct CachePolicy {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
-    /// How writes are sent (write_mode.rs).
+    /// How writes are sent (write/mode.rs).
     pub writes: WriteMode,
 }
 
@@ -72,29 +72,29 @@ pub struct TetherFs {
     known: Arc<Known>,
     /// Keeps the kernel's sizes and mtimes coherent if the writeback cache is granted.
     fixer: Option<Arc<AttrFixer>>,
-    /// Waits for blocked locks and drops locks at close (locks.rs); without it, locks stay
+    /// Waits for blocked locks and drops locks at close (fuse/locks.rs); without it, locks stay
     /// local to this guest's kernel.
     locks: Option<Locks>,
-    /// Attributes from CREATE, GETATTR, SETATTR and WRITE replies (known_attrs.rs).
+    /// Attributes from CREATE, GETATTR, SETATTR and WRITE replies (cache/known_attrs.rs).
     known_attrs: Arc<KnownAttrs>,
     /// Lists a cold walk's directories through the mount, into the kernel's dentry cache
-    /// (prefetch.rs).
+    /// (cache/prefetch.rs).
     prefetch: Arc<Prefetch>,
     /// How much of a listing a READDIRPLUS asks the server for. fuser does not tell us the
     /// kernel's buffer size, which is the caller's getdents size (glibc's readdir: 32 KiB)
     /// on recent kernels and one page on older ones; entries that do not fit are given
     /// back, so after the first reply that overflows, the mount asks for what fitted.
     listing_bytes: Arc<AtomicU32>,
-    /// Pages partly filled by writes, dropped when the kernel reads one (partial_pages.rs).
+    /// Pages partly filled by writes, dropped when the kernel reads one (cache/partial_pages.rs).
     pages: Arc<PartialPages>,
     /// FUSE_HANDLE_KILLPRIV_V2 was granted: clearing set-user-ID and set-group-ID on write
     /// and truncation is the server's job, not the kernel's.
     killpriv: bool,
-    /// Small written-through writes answered before the server's reply (write_behind.rs).
+    /// Small written-through writes answered before the server's reply (write/behind.rs).
     write_behind: Arc<WriteBehind>,
-    /// Files made ahead, for creations answered before the server named them (spares.rs).
+    /// Files made ahead, for creations answered before the server named them (write/spares.rs).
     spares: Arc<Spares>,
-    /// What this mount wrote to small files, to answer READs of them (written_files.rs).
+    /// What this mount wrote to small files, to answer READs of them (cache/written_files.rs).
     written: Arc<WrittenFiles>,
 }
 
@@ -136,7 +136,7 @@ impl TetherFs {
     }
 
     /// Whether what this mount writes to small files is kept to answer READs
-    /// (written_files.rs): the server pushes invalidations, and the kernel is told of each
+    /// (cache/written_files.rs): the server pushes invalidations, and the kernel is told of each
     /// write by the client (not with the writeback cache, where it writes back by itself).
     fn keeps_written(&self) -> bool {
         self.co.enabled() && self.co.fixer().is_none()
@@ -159,7 +159,7 @@ impl TetherFs {
         self.replayer.as_ref().filter(|r| r.is_replay(req.pid()))
     }
 
-    /// `req` re-states the host's attributes to the kernel (a replay, or writeback.rs): it
+    /// `req` re-states the host's attributes to the kernel (a replay, or invalidate/fixer.rs): it
     /// must be answered with them and change nothing on the host.
     fn restating(&self, req: &FuseRequest) -> bool {
         self.replaying(req).is_some() || self.co.fixer().is_some_and(|f| f.is_restating(req.pid()))
@@ -183,7 +183,7 @@ fn on_outcome<R: KernelReply + Send + 'static>(
 }
 
 /// Answers a GETATTR or SETATTR of `node` from its reply, which the client keeps to answer
-/// the next GETATTR itself while nothing touches the node (known_attrs.rs). Counts the
+/// the next GETATTR itself while nothing touches the node (cache/known_attrs.rs). Counts the
 /// request against the node: make it right before the request is sent.
 fn attr_answer(
     co: &Arc<Coherence>,
@@ -213,7 +213,7 @@ fn ttl_for(
     parent: Option<NodeId>,
     sent: u64,
 ) -> Duration {
-    // Before the freshness check: a push recorded after it must be applied (coherence.rs).
+    // Before the freshness check: a push recorded after it must be applied (cache/coherence.rs).
     let caching = co.caching(node);
     let parent_fresh = parent.map(|p| co.fresh(p, sent)).unwrap_or(true);
     let ttl = ttl_unless_overtaken(co, fallback, node, parent_fresh, sent);
@@ -233,7 +233,7 @@ fn ttl_unless_overtaken(
 ) -> Duration {
     if !co.fresh(node, sent) {
         // With the writeback cache a new inode keeps this reply's size for good: have it
-        // checked against the host's once the kernel has it (writeback.rs).
+        // checked against the host's once the kernel has it (invalidate/fixer.rs).
         if let Some(f) = co.fixer() {
             f.fix_soon(node);
         }
@@ -427,7 +427,7 @@ impl TetherFs {
         ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
     ) {
         if msg.op().mutates() && self.replaying(req).is_some() {
-            // A replay only imitates a change the host already made (host_events.rs).
+            // A replay only imitates a change the host already made (invalidate/host_events.rs).
             reply.fail(Errno::EPERM);
             return;
         }
@@ -435,7 +435,7 @@ impl TetherFs {
     }
 
     /// Sends `msg` for the kernel's `req`; `done` runs with the outcome. A change to a
-    /// directory counts when sent and when answered (known_attrs.rs).
+    /// directory counts when sent and when answered (cache/known_attrs.rs).
     fn send(
         &self,
         req: &FuseRequest,
@@ -533,7 +533,7 @@ impl TetherFs {
         });
     }
 
-    /// An entry request of the replaying thread (host_events.rs). What it is given about
+    /// An entry request of the replaying thread (invalidate/host_events.rs). What it is given about
     /// the names it changes may not outlive the replay, so those answers have a TTL of 0
     /// (and the replay invalidates the names afterwards): a lookup of an armed name finds
     /// the state before the host's change, a creation the node the host created. Any other
@@ -676,7 +676,7 @@ impl TetherFs {
     }
 
     /// A GETATTR or SETATTR of `node`. The client keeps the reply to answer the next
-    /// GETATTR itself while nothing touches the node (known_attrs.rs).
+    /// GETATTR itself while nothing touches the node (cache/known_attrs.rs).
     fn attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
         let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, node);
         self.call(req, msg, reply, answer);
@@ -759,7 +759,7 @@ impl TetherFs {
 
     /// For write and copy_file_range. A WRITE's reply may carry the file's attributes
     /// after it (feature WRITE_ATTR), which the client keeps to answer the kernel's next
-    /// GETATTR of the file itself (known_attrs.rs).
+    /// GETATTR of the file itself (cache/known_attrs.rs).
     fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
         let (written, kept) = match &msg {
             Request::Write {
@@ -796,7 +796,7 @@ impl TetherFs {
 
     /// A WRITE of `len` bytes to `node` counted in flight by `WriteBehind::begin`: the
     /// kernel hears "written" once it is on the wire; the server's reply is kept as for
-    /// any write, and a failure goes to the file's next write or fsync (write_behind.rs).
+    /// any write, and a failure goes to the file's next write or fsync (write/behind.rs).
     fn write_behind(
         &self,
         req: &FuseRequest,
@@ -838,7 +838,7 @@ impl TetherFs {
         });
     }
 
-    /// Create-behind (spares.rs): answers the creation of `name` in `parent` with a spare
+    /// Create-behind (write/spares.rs): answers the creation of `name` in `parent` with a spare
     /// file and sends BIND to name it, or gives `reply` back when it cannot (off, a durable
     /// or uncached open, no spare at hand, too much in flight).
     #[allow(clippy::too_many_arguments)]
@@ -854,7 +854,7 @@ impl TetherFs {
     ) -> Result<(), ReplyCreate> {
         use tether_proto::handshake::features::SPARE_FILES;
         if !self.spares.on()
-            || write_behind::durable_or_uncached(flags)
+            || behind::durable_or_uncached(flags)
             || !self.co.enabled()
             || self.co.fixer().is_some()
             || !self.conn.grants(SPARE_FILES)
@@ -990,7 +990,7 @@ impl TetherFs {
 }
 
 /// Asks the server for spare files for `key`, made in `dir` as `who`, if its pool runs low
-/// (spares.rs), and FORGETs the spares of a pool pushed out for it.
+/// (write/spares.rs), and FORGETs the spares of a pool pushed out for it.
 fn ask_for_spares(
     conn: &Arc<Connection>,
     spares: &Arc<Spares>,
@@ -1044,7 +1044,7 @@ impl Filesystem for TetherFs {
         // KILL_SUIDGID). Written-through `dd` runs about 10% faster with it.
         wanted |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         // The writeback cache only with pushed invalidations (the kernel would otherwise
-        // never learn a host-side size or mtime) and a fixer to apply them (writeback.rs).
+        // never learn a host-side size or mtime) and a fixer to apply them (invalidate/fixer.rs).
         let writeback = InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let fixer = self.fixer.clone().filter(|_| {
             self.cache.writes.asks_writeback_cache()
@@ -1054,7 +1054,7 @@ impl Filesystem for TetherFs {
         if fixer.is_some() {
             wanted |= writeback;
         }
-        // Locks go to the host's files (locks.rs); flock too, not emulated with POSIX locks.
+        // Locks go to the host's files (fuse/locks.rs); flock too, not emulated with POSIX locks.
         if self.locks.is_some() {
             wanted |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
         }
@@ -1517,7 +1517,7 @@ impl Filesystem for TetherFs {
                 .conn
                 .grants(tether_proto::handshake::features::ORDERED_WRITES)
             && self.replaying(req).is_none()
-            && write_behind::may_answer_early(data.len(), flags.0)
+            && behind::may_answer_early(data.len(), flags.0)
             && self.write_behind.begin(ino.0, data.len());
         if early {
             self.write_behind(req, ino.0, msg, data.len(), reply);
@@ -1577,7 +1577,7 @@ impl Filesystem for TetherFs {
         reply: ReplyEmpty,
     ) {
         if self.co.fixer().is_some_and(|f| f.is_fixer(req.pid())) {
-            // writeback.rs: the fixer only wants the kernel's dirty data sent, not the
+            // invalidate/fixer.rs: the fixer only wants the kernel's dirty data sent, not the
             // host's disk flushed.
             reply.ok();
             return;

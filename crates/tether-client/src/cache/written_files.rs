@@ -15,7 +15,7 @@
 //! to the file in flight at once (their order on the server is unknown), a failed or short
 //! write, any other change of the data through this mount (a truncation, `fallocate`,
 //! `copy_file_range` into it), a file larger than [`MAX_FILE`], and the kernel forgetting
-//! the node. Written behind (write_behind.rs), a write enters the copy when the kernel is
+//! the node. Written behind (write/behind.rs), a write enters the copy when the kernel is
 //! told "written", as it enters the kernel's pages; one the server then fails revokes the
 //! file, which ends the copy. With the writeback cache there are no copies: the kernel
 //! writes back by itself.
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 
 /// Largest file kept.
 pub const MAX_FILE: u64 = 64 * 1024;
@@ -212,7 +212,7 @@ impl WrittenFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coherence::tests::push;
+    use crate::cache::coherence::tests::push;
     use tether_proto::Invalidation;
 
     fn watched(nodes: &[NodeId]) -> std::sync::Arc<Coherence> {

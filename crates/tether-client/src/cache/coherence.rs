@@ -29,11 +29,11 @@ use tether_proto::{
     Invalidation, NodeId, ROOT_NODE,
 };
 
-use crate::host_events::{Backlog, Replayer};
-use crate::locks::LockWaker;
-use crate::spares::Spares;
-use crate::write_behind::WriteBehind;
-use crate::writeback::AttrFixer;
+use crate::fuse::locks::LockWaker;
+use crate::invalidate::fixer::AttrFixer;
+use crate::invalidate::host_events::{Backlog, Replayer};
+use crate::write::behind::WriteBehind;
+use crate::write::spares::Spares;
 
 /// Host events to replay: batch `batch` of the name invalidations that wait for them.
 struct Replay {
@@ -98,7 +98,7 @@ const BARRIER_LOOK_AGAIN: Duration = Duration::from_millis(10);
 const NAMES_WAIT_AT_MOST: Duration = Duration::from_millis(200);
 
 /// Longest a replay of host events waits for the fixes of the files they are about
-/// (writeback.rs).
+/// (invalidate/fixer.rs).
 const FIX_WAIT_AT_MOST: Duration = Duration::from_millis(500);
 
 /// Longest stretch of host-event replays between two looks at new pushes.
@@ -122,22 +122,22 @@ pub const WATCHED_TTL: Duration = Duration::from_secs(24 * 3600);
 pub struct Counters {
     pub pushes: AtomicU64,
     pub invalidations: AtomicU64,
-    /// Entries the client listed through the mount ahead of a walk's LOOKUPs (prefetch.rs).
+    /// Entries the client listed through the mount ahead of a walk's LOOKUPs (cache/prefetch.rs).
     pub listed: AtomicU64,
     /// Directories being listed ahead now, and the most at once.
     pub listing_now: AtomicU64,
     pub listing_most: AtomicU64,
-    /// Runs of partly written pages dropped (partial_pages.rs).
+    /// Runs of partly written pages dropped (cache/partial_pages.rs).
     pub partial_pages_dropped: AtomicU64,
     /// Pushed invalidations of a node the kernel was given nothing of since the last one.
     pub invalidations_unneeded: AtomicU64,
     /// Blocked locks granted on a try sent because a lock was released through this mount
-    /// or (pushed) another one (locks.rs), not found by polling.
+    /// or (pushed) another one (fuse/locks.rs), not found by polling.
     pub lock_waits_ended_by_release: AtomicU64,
     /// Pushed `inval_inode`s the kernel refused because it had not yet made the node's
     /// inode from the reply that gave it, and took when tried again.
     pub invalidations_retried: AtomicU64,
-    /// READs answered from what this mount wrote to a small file (written_files.rs).
+    /// READs answered from what this mount wrote to a small file (cache/written_files.rs).
     pub reads_from_written_files: AtomicU64,
 }
 
@@ -167,15 +167,15 @@ pub struct Coherence {
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
-    /// The io_uring queues' counters, when the mount uses them (io_uring.rs).
+    /// The io_uring queues' counters, when the mount uses them (fuse/io_uring.rs).
     pub io_uring: OnceLock<Arc<fuser::UringStats>>,
     /// Wakes the lock thread's waiters on a node another session freed a lock on.
     pub lock_waker: OnceLock<LockWaker>,
-    /// Set when the kernel caches writes (writeback.rs).
+    /// Set when the kernel caches writes (invalidate/fixer.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
-    /// Written-through writes answered before the server's reply (write_behind.rs).
+    /// Written-through writes answered before the server's reply (write/behind.rs).
     pub write_behind: OnceLock<Arc<WriteBehind>>,
-    /// Creations answered with spare files before the server named them (spares.rs).
+    /// Creations answered with spare files before the server named them (write/spares.rs).
     pub spares: OnceLock<Arc<Spares>>,
     fuse_dev: OnceLock<OwnedFd>,
     /// Name invalidations waiting for replays, and those being applied.
@@ -347,7 +347,7 @@ impl Coherence {
 
     /// True when nothing about `node` was invalidated after a request sent at `sent` (whose
     /// reply is arriving now), and no replay of host events is changing names in it
-    /// (host_events.rs: a reply about an entry of such a directory is not cached, whenever
+    /// (invalidate/host_events.rs: a reply about an entry of such a directory is not cached, whenever
     /// it was sent).
     pub fn fresh(&self, node: NodeId, sent: u64) -> bool {
         self.unchanged_since(node, sent, true)
@@ -654,7 +654,7 @@ impl Coherence {
 
     /// What the client kept about `node`, and replies about it already on their way, may
     /// be out of date although no push said so yet: a lock on it was just granted, and the
-    /// last holder may have written it elsewhere a moment ago (locks.rs). Treated as
+    /// last holder may have written it elsewhere a moment ago (fuse/locks.rs). Treated as
     /// invalidated now, as by a push; the caller drops the kernel's copy itself.
     pub fn distrust(&self, node: NodeId) {
         let seq = self.next_seq();
@@ -777,7 +777,7 @@ impl Coherence {
     /// Holds back every `inval_inode` until the guard is dropped. The kernel throws away
     /// an attribute reply if the file is invalidated while the reply is on its way (the
     /// inode's `attr_version` moved), and then goes by the size it had: a lock's grant
-    /// that asks for the size the last holder left must not meet one (locks.rs).
+    /// that asks for the size the last holder left must not meet one (fuse/locks.rs).
     /// Never hold it on a FUSE handler's thread, nor on the invalidation thread.
     pub fn hold_invalidations(&self) -> std::sync::MutexGuard<'_, ()> {
         self.inval_gate.lock().unwrap_or_else(|e| e.into_inner())
@@ -803,7 +803,7 @@ impl Coherence {
     }
 
     /// Starts the thread that applies invalidations to the kernel and, with a `replayer`,
-    /// the thread that replays host events into the guest (see host_events.rs).
+    /// the thread that replays host events into the guest (see invalidate/host_events.rs).
     /// `fuse_dev` is the mount's /dev/fuse descriptor, for notifications fuser lacks.
     pub fn start_applier(
         self: &Arc<Self>,

@@ -10,16 +10,16 @@ pub enum WriteMode {
     /// the write that caused it (the default).
     #[default]
     Through,
-    /// A small `write()` is answered once its WRITE is on its way (write_behind.rs): the
+    /// A small `write()` is answered once its WRITE is on its way (write/behind.rs): the
     /// guest sees it at once, a host process may see it a moment after `write()` or
     /// `close()` returned, and an error reaches the next `write()` or `fsync()`.
     Behind,
     /// `Behind`, and a file creation is answered with a file the server made ahead
-    /// (spares.rs). A creation still on its way when the connection is lost is made again
+    /// (write/spares.rs). A creation still on its way when the connection is lost is made again
     /// by the reconnect.
     CreateBehind,
     /// The guest kernel caches writes and sends them at close, fsync, unlock or within
-    /// about 20 ms (writeback.rs); needs pushed invalidations, else writes go through.
+    /// about 20 ms (invalidate/fixer.rs); needs pushed invalidations, else writes go through.
     Writeback,
 }
 

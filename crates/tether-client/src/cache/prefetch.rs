@@ -22,7 +22,7 @@
 //! dentries (in the lister's `getdents`) the server already reads the next directory.
 //!
 //! Coherence: these are ordinary READDIRPLUS replies, cached and revoked like those of an
-//! `ls` in the guest (coherence.rs); the kernel counts and forgets their lookups itself.
+//! `ls` in the guest (cache/coherence.rs); the kernel counts and forgets their lookups itself.
 //! Guest watchers of the directory see it opened and closed.
 //!
 //! The directory is opened by its path, rebuilt from where the kernel was given each node
@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use crate::coherence::Coherence;
-use crate::restore::Known;
-use crate::writeback::MountDir;
+use crate::cache::coherence::Coherence;
+use crate::cache::known::Known;
+use crate::sys::mount_dir::MountDir;
 
 /// Two LOOKUPs missing in one directory within this window start a listing.
 const MISS_WINDOW: Duration = Duration::from_millis(500);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use fuser::UringStats;
 
-use crate::coherence::Coherence;
+use crate::cache::coherence::Coherence;
 
 /// The fuse module's switch: the kernel offers io_uring at FUSE_INIT only while it is on.
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";

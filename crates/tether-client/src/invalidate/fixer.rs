@@ -23,7 +23,7 @@
 //! or mtime differ from the host's, truncates the file to the host's size (by its
 //! /proc/self/fd path) and sets the host's mtime. Its thread is known to the FUSE
 //! handlers, which answer its SETATTRs with the server's current attributes and change
-//! nothing on the host (as for replays, host_events.rs). A process holding the file open
+//! nothing on the host (as for replays, invalidate/host_events.rs). A process holding the file open
 //! keeps its descriptor and sees the new size and content; nothing gets EIO.
 //!
 //! Costs: one GETATTR per changed file the kernel holds in use, and when something differs
@@ -35,18 +35,17 @@ use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
 use tether_proto::{Caller, NodeId, Reply, Request};
 
-use crate::restore::Known;
+use crate::cache::known::Known;
 use crate::rpc::Connection;
+use crate::sys::mount_dir::MountDir;
 
 /// fuse_encode_fh's type for a handle without the parent: node id (two u32) and generation.
 const FUSE_FILEID_INO64_GEN: i32 = 0x81;
@@ -530,168 +529,4 @@ fn kernel_size_and_mtime(file: BorrowedFd<'_>) -> io::Result<KernelAttrs> {
     let mask = libc::STATX_SIZE | libc::STATX_MTIME;
     let stx = crate::sys::statx(file.as_raw_fd(), c"", flags, mask)?;
     Ok((stx.stx_size, (stx.stx_mtime.tv_sec, stx.stx_mtime.tv_nsec)))
-}
-
-/// Short-lived descriptors of the mount's root. Any open descriptor on the mount makes a
-/// plain umount fail with EBUSY, so none is kept between uses, and an unmount in this
-/// process first pauses it ([`MountDir::pause`]).
-pub struct MountDir {
-    path: PathBuf,
-    /// Read-locked by each use of a descriptor (several at once: the prefetch's listers and
-    /// the flusher), write-locked to change it, so that a pause waits for them all.
-    state: RwLock<DirState>,
-    /// The mount's device number, once known.
-    dev: std::sync::OnceLock<u64>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum DirState {
-    Open,
-    Paused,
-    Gone,
-}
-
-/// The device number of the file system `fd` is on.
-fn fstat_dev(fd: BorrowedFd<'_>) -> Option<u64> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: a valid descriptor and a stat buffer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: fstat succeeded.
-    Some(unsafe { st.assume_init() }.st_dev)
-}
-
-/// statfs's f_type of a FUSE mount.
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-
-/// Whether `fd` is on a FUSE file system.
-fn is_fuse(fd: BorrowedFd<'_>) -> bool {
-    let mut sfs = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: a valid descriptor and a statfs buffer.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), sfs.as_mut_ptr()) } != 0 {
-        return false;
-    }
-    // SAFETY: fstatfs succeeded.
-    unsafe { sfs.assume_init() }.f_type == FUSE_SUPER_MAGIC
-}
-
-impl MountDir {
-    pub fn new(path: PathBuf) -> MountDir {
-        MountDir {
-            path,
-            state: RwLock::new(DirState::Open),
-            dev: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Runs `f` with a descriptor of the mount's root (open_by_handle_at refuses O_PATH
-    /// ones), or returns None if the mount is paused, gone, or not (yet) there: the path
-    /// must lead to this FUSE file system, never to the directory beneath it.
-    pub fn with<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        self.with_root(libc::O_DIRECTORY, f)
-    }
-
-    /// Like [`MountDir::with`], with an `O_PATH` descriptor (usable as `openat`'s base),
-    /// and without a round trip: opening the root for reading sends OPENDIR and RELEASEDIR.
-    pub fn with_path<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        self.with_root(libc::O_PATH | libc::O_DIRECTORY, f)
-    }
-
-    /// Whether `fd` is the mount's root: on a FUSE file system the first time (fstatfs, a
-    /// STATFS round trip), then on the device number learned then (no round trip; the
-    /// flusher asks 50 times a second).
-    fn is_the_mount(&self, fd: BorrowedFd<'_>) -> bool {
-        if let Some(dev) = self.dev.get() {
-            return fstat_dev(fd) == Some(*dev);
-        }
-        is_fuse(fd) && fstat_dev(fd).is_some_and(|dev| *self.dev.get_or_init(|| dev) == dev)
-    }
-
-    /// Opens the root with `flags` while the mount is open and holds the state's lock
-    /// (so that [`MountDir::pause`] waits), checks that it is the mount, runs `f` on it.
-    fn with_root<T>(&self, flags: i32, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
-        let state = self.state.read().unwrap();
-        if *state != DirState::Open {
-            return None;
-        }
-        let dir = std::fs::File::options()
-            .read(true)
-            .custom_flags(flags | libc::O_CLOEXEC)
-            .open(&self.path)
-            .ok()?;
-        if !self.is_the_mount(dir.as_fd()) {
-            return None;
-        }
-        let r = f(dir.as_fd());
-        drop(dir);
-        drop(state);
-        Some(r)
-    }
-
-    /// No descriptor is open once this returns, and none will be until [`MountDir::resume`].
-    pub fn pause(&self) {
-        self.set(DirState::Paused);
-    }
-
-    /// The unmount did not happen (files open): go on.
-    pub fn resume(&self) {
-        let mut state = self.state.write().unwrap();
-        if *state == DirState::Paused {
-            *state = DirState::Open;
-        }
-    }
-
-    /// The mount is gone for good.
-    pub fn gone(&self) {
-        self.set(DirState::Gone);
-    }
-
-    fn is_gone(&self) -> bool {
-        *self.state.read().unwrap() == DirState::Gone
-    }
-
-    fn set(&self, to: DirState) {
-        let mut state = self.state.write().unwrap();
-        if *state != DirState::Gone {
-            *state = to;
-        }
-    }
-}
-
-/// Syncs the mount every `interval`, so that data written through a descriptor that stays
-/// open reaches the server within about that time instead of the kernel's 30 s writeback
-/// expiry. syncfs costs next to nothing when nothing is dirty.
-pub struct Flusher;
-
-/// How often the flusher syncs a mount by default.
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
-
-impl Flusher {
-    /// Starts the thread; it ends when the mount is gone.
-    pub fn start(dir: Arc<MountDir>, interval: Duration) {
-        let spawned = std::thread::Builder::new()
-            .name("tether-flush".into())
-            .spawn(move || loop {
-                std::thread::sleep(interval);
-                if dir.is_gone() {
-                    return;
-                }
-                // SAFETY: syncfs on a descriptor that is open for the call.
-                let r = dir.with(|root| unsafe { libc::syncfs(root.as_raw_fd()) });
-                match r {
-                    Some(0) | None => {}
-                    Some(_) => {
-                        let e = io::Error::last_os_error();
-                        if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ENODEV)) {
-                            return;
-                        }
-                        tracing::warn!("syncing the mount failed: {e}");
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("no flusher thread: {e}");
-        }
-    }
 }
