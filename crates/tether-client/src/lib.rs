@@ -6,10 +6,11 @@
 //! - [`invalidate`]: host changes turned into the guest kernel's view (replays, fixes);
 //! - [`write`]: how guest writes reach the host ([`WriteMode`]);
 //! - [`fuse`]: the file system the kernel talks to;
-//! - [`restore`], [`mount`], [`status`], [`sync`]: putting it together, and what the CLI
-//!   asks of a running mount.
+//! - [`restore`], [`mount`]: putting it together; `control` (the mount process's socket),
+//!   [`status`] and [`sync`]: what the CLI asks of a running mount.
 
 pub mod cache;
+mod control;
 pub mod fuse;
 pub mod invalidate;
 pub mod mount;

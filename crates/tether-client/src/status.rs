@@ -6,31 +6,15 @@
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tether_proto::IdMapping;
 
 use crate::cache::coherence::Coherence;
+pub use crate::control::socket_path;
 use crate::rpc::Connection;
-
-/// Where the status socket of `mountpoint` lives.
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    // FNV-1a: short, stable, and socket paths are limited to 108 bytes.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in canonical.as_os_str().as_encoded_bytes() {
-        h = (h ^ *b as u64).wrapping_mul(0x100000001b3);
-    }
-    // SAFETY: geteuid has no preconditions.
-    let dir = if unsafe { libc::geteuid() } == 0 {
-        PathBuf::from("/run/tether")
-    } else {
-        std::env::temp_dir().join(format!("tether-{}", unsafe { libc::geteuid() }))
-    };
-    dir.join(format!("mount-{h:016x}.sock"))
-}
 
 /// Serves status reports for `mountpoint` until the process exits; removes the socket on drop.
 pub struct StatusServer {
@@ -44,7 +28,7 @@ impl StatusServer {
         co: Arc<Coherence>,
         fallback: Duration,
     ) -> io::Result<StatusServer> {
-        let path = socket_path(mountpoint);
+        let path = crate::control::socket_path(mountpoint);
         let dir = path.parent().expect("has a parent");
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
@@ -57,7 +41,7 @@ impl StatusServer {
             .name("tether-status".into())
             .spawn(move || {
                 for mut stream in listener.incoming().flatten() {
-                    if crate::sync::read_request(&mut stream) == crate::sync::REQUEST {
+                    if crate::control::read_request(&mut stream) == crate::sync::REQUEST {
                         let (conn, co) = (conn.clone(), co.clone());
                         let _ = std::thread::Builder::new()
                             .name("tether-sync".into())
@@ -218,22 +202,9 @@ fn answer(
     s.write_all(report.as_bytes())
 }
 
-/// Connects to the status socket of the mount process of `mountpoint`.
-pub(crate) fn connect(mountpoint: &Path) -> io::Result<UnixStream> {
-    UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "{} is not served by a running `tether mount` ({e})",
-                mountpoint.display()
-            ),
-        )
-    })
-}
-
 /// Asks the mount process of `mountpoint` for its report.
 pub fn query(mountpoint: &Path) -> io::Result<String> {
-    let mut s = connect(mountpoint)?;
+    let mut s = crate::control::connect(mountpoint)?;
     // A mount process of an earlier version reads nothing and answers at once.
     let _ = s.write_all(b"status\n");
     s.set_read_timeout(Some(Duration::from_secs(5)))?;

@@ -2,7 +2,7 @@
 //! host (or through another mount) that completed before it started is visible through the
 //! mount (docs/coherence.md, "A barrier: tether sync"; protocol.md §18).
 //!
-//! The command asks the mount process over its status socket (status.rs) with the line
+//! The command asks the mount process over its control socket (control.rs) with the line
 //! `sync`. The mount process sends SYNC to the server, whose reply comes after the pushes of
 //! every change the server's watcher had queued when it read the request; then it waits
 //! until its invalidation thread has applied every push received before that reply
@@ -22,10 +22,6 @@ use crate::rpc::Connection;
 
 /// The status socket's request line for a barrier.
 pub const REQUEST: &str = "sync";
-
-/// How long the mount process waits for a request line before it takes the connection
-/// for a `tether status` of a version that wrote none and answers with the report.
-pub(crate) const REQUEST_WAIT: Duration = Duration::from_millis(500);
 
 /// Longest `sync` waits for the mount process's answer (which itself gives up after the
 /// mount's `--timeout` for the server, and as long again for its own invalidations).
@@ -120,28 +116,12 @@ pub(crate) fn answer(mut s: UnixStream, conn: &Connection, co: &Coherence) -> io
     s.write_all(text.as_bytes())
 }
 
-/// Reads the request line a status socket client sends (`status`, `sync`), waiting at most
-/// [`REQUEST_WAIT`]: a `tether status` of an earlier version sends nothing, and gets the
-/// report (an empty line).
-pub(crate) fn read_request(s: &mut UnixStream) -> String {
-    let _ = s.set_read_timeout(Some(REQUEST_WAIT));
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.len() < 64 {
-        match s.read(&mut byte) {
-            Ok(1) if byte[0] != b'\n' => line.push(byte[0]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&line).trim().to_string()
-}
-
 /// `tether sync MOUNTPOINT`: asks the mount process of `mountpoint` (or of the mount that
 /// holds the directory `mountpoint`) for a barrier and waits until it holds. An error says
 /// why there is none (a `--no-push` mount, a server or mount process too old for it, a
 /// server that does not answer).
 pub fn sync(mountpoint: &Path) -> io::Result<Synced> {
-    let mut s = crate::status::connect(&mount_point_of(mountpoint))?;
+    let mut s = crate::control::connect(&mount_point_of(mountpoint))?;
     s.write_all(format!("{REQUEST}\n").as_bytes())?;
     s.set_read_timeout(Some(ANSWER_WAIT))?;
     let mut answer = String::new();
@@ -156,7 +136,7 @@ fn mount_point_of(path: &Path) -> std::path::PathBuf {
         return path.to_path_buf();
     };
     (canonical.ancestors())
-        .find(|dir| crate::status::socket_path(dir).exists())
+        .find(|dir| crate::control::socket_path(dir).exists())
         .map_or_else(|| path.to_path_buf(), Path::to_path_buf)
 }
 

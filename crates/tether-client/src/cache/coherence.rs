@@ -29,7 +29,6 @@ use tether_proto::{
     Invalidation, NodeId, ROOT_NODE,
 };
 
-use crate::fuse::locks::LockWaker;
 use crate::invalidate::fixer::AttrFixer;
 use crate::invalidate::host_events::{Backlog, Replayer};
 use crate::write::behind::WriteBehind;
@@ -141,6 +140,9 @@ pub struct Counters {
     pub reads_from_written_files: AtomicU64,
 }
 
+/// Told of each node another session freed a lock on (a LOCK_FREED push).
+pub type LockFreed = Box<dyn Fn(NodeId) + Send + Sync>;
+
 pub struct Coherence {
     /// The server watches and pushes (negotiated in HELLO).
     enabled: AtomicBool,
@@ -169,8 +171,9 @@ pub struct Coherence {
     pub replayer: OnceLock<Arc<Replayer>>,
     /// The io_uring queues' counters, when the mount uses them (fuse/io_uring.rs).
     pub io_uring: OnceLock<Arc<fuser::UringStats>>,
-    /// Wakes the lock thread's waiters on a node another session freed a lock on.
-    pub lock_waker: OnceLock<LockWaker>,
+    /// Wakes the lock thread's waiters on a node another session freed a lock on (set by
+    /// the lock thread, fuse/locks.rs, which this layer does not know).
+    lock_freed: OnceLock<LockFreed>,
     /// Set when the kernel caches writes (invalidate/fixer.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
     /// Written-through writes answered before the server's reply (write/behind.rs).
@@ -311,7 +314,7 @@ impl Coherence {
             counters: Counters::default(),
             replayer: OnceLock::new(),
             io_uring: OnceLock::new(),
-            lock_waker: OnceLock::new(),
+            lock_freed: OnceLock::new(),
             fixer: OnceLock::new(),
             write_behind: OnceLock::new(),
             spares: OnceLock::new(),
@@ -605,6 +608,11 @@ impl Coherence {
     }
 
     /// Nodes cached until revoked, and nodes that fall back to revalidation.
+    /// Who is told of LOCK_FREED pushes (the lock thread).
+    pub fn on_lock_freed(&self, freed: LockFreed) {
+        let _ = self.lock_freed.set(freed);
+    }
+
     pub fn watch_counts(&self) -> (usize, usize) {
         (self.watched.len(), self.unwatched.len())
     }
@@ -614,8 +622,10 @@ impl Coherence {
         if h.op == push_op::LOCK_FREED {
             match decode_lock_freed(body) {
                 Ok(nodes) => {
-                    if let Some(waker) = self.lock_waker.get() {
-                        nodes.into_iter().for_each(|n| waker.freed(n));
+                    if let Some(freed) = self.lock_freed.get() {
+                        for node in nodes {
+                            freed(node);
+                        }
                     }
                 }
                 Err(e) => tracing::warn!("malformed LOCK_FREED push: {e}"),

@@ -40,7 +40,7 @@ use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrn
 
 use crate::cache::coherence::Coherence;
 use crate::cache::known::Known;
-use crate::fuse::fs::errno;
+use crate::fuse::reply::errno;
 use crate::rpc::{Connection, ReplyResult};
 use crate::sys::mount_dir::MountDir;
 
@@ -127,19 +127,6 @@ pub struct Locks {
     locked: Arc<DashSet<NodeId>>,
 }
 
-/// Tells the lock thread of a lock another session freed (the server's LOCK_FREED push).
-pub struct LockWaker {
-    tx: Sender<Cmd>,
-}
-
-impl LockWaker {
-    /// Another session released or downgraded a lock on `node`, after this one was refused
-    /// one there: its waiters try again.
-    pub fn freed(&self, node: NodeId) {
-        let _ = self.tx.send(Cmd::Freed(node));
-    }
-}
-
 /// What the lock thread needs of the FUSE session, once it exists.
 struct Attached {
     notifier: Notifier,
@@ -195,9 +182,10 @@ impl Locks {
     /// The session's notifier and known nodes, once the session exists: granted locks
     /// revalidate the cache.
     pub fn attach(&self, notifier: Notifier, known: Arc<Known>, co: Arc<Coherence>) {
-        let _ = co.lock_waker.set(LockWaker {
-            tx: self.tx.clone(),
-        });
+        let tx = self.tx.clone();
+        co.on_lock_freed(Box::new(move |node| {
+            let _ = tx.send(Cmd::Freed(node));
+        }));
         let _ = self.session.set(Attached {
             notifier,
             known,

@@ -4,3 +4,4 @@
 pub mod fs;
 pub mod io_uring;
 pub mod locks;
+pub mod reply;
