@@ -6,8 +6,10 @@
 //! - `runner`: directory checks, the interleaved runs, progress, cleanup on interrupt.
 //! - `report`: the result model, the text table, JSON and the SVG chart.
 //! - `latency`: the coherence latency benchmark.
+//! - `inotify`: the guest file watcher of `tether latency --inotify`, and its event parser.
 //! - `sys`: signals, child processes, caches, machine facts, the seeded generator.
 
+mod inotify;
 mod latency;
 mod report;
 mod runner;
