@@ -14,10 +14,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::inotify::{Event, Watch};
-use super::report::fmt_secs;
-use super::sys::{self, Interrupt, Machine, Rng};
-use super::LatencyArgs;
+use crate::inotify::{Event, Watch};
+use crate::report::fmt_secs;
+use crate::sys::{self, Interrupt, Machine, Rng};
+use crate::LatencyArgs;
 
 /// Pause between two polls of the mount.
 const POLL: Duration = Duration::from_micros(75);
@@ -549,7 +549,7 @@ fn trials(
     } else {
         None
     };
-    let (bars, pb) = super::progress(u64::from(args.trials));
+    let (bars, pb) = crate::progress(u64::from(args.trials));
     let mut tallies: Vec<Tally> = KINDS.iter().map(|_| Tally::default()).collect();
     let mut idle = Vec::new();
     let sync = |lab: &Lab| -> Result<Duration> {

@@ -1,6 +1,7 @@
-//! `tether bench` (the workloads users judge a shared folder by, run side by side in several
-//! directories) and `tether latency` (how long a host-side change takes to show through a
-//! mount).
+//! The measurements behind `tether bench` (the workloads users judge a shared folder by,
+//! run side by side in several directories) and `tether latency` (how long a host-side
+//! change takes to show through a mount). The `tether` binary parses [`BenchArgs`] and
+//! [`LatencyArgs`] as its subcommands and hands them to [`run_bench`] and [`run_latency`].
 //!
 //! - `workloads`: what each workload sets up, times and checks; the generated content.
 //! - `runner`: directory checks, the interleaved runs, progress, cleanup on interrupt.
@@ -8,6 +9,9 @@
 //! - `latency`: the coherence latency benchmark.
 //! - `inotify`: the guest file watcher of `tether latency --inotify`, and its event parser.
 //! - `sys`: signals, child processes, caches, machine facts, the seeded generator.
+//!
+//! It measures through the file system and `tether_client::sync` only: nothing of the
+//! server's internals.
 
 mod inotify;
 mod latency;
@@ -21,7 +25,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-/// `tether bench`.
+/// `tether bench`: its arguments.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// The directory to measure (usually a Tether mount). It must be empty: the bench works
@@ -51,7 +55,7 @@ pub struct BenchArgs {
     pub only: Vec<String>,
 }
 
-/// `tether latency`.
+/// `tether latency`: its arguments.
 #[derive(Args, Debug)]
 pub struct LatencyArgs {
     /// The directory as the host sees it (changes are made here).
@@ -96,10 +100,24 @@ fn progress(len: u64) -> (bool, indicatif::ProgressBar) {
     (true, pb)
 }
 
+/// Runs `tether bench`: prints the table to standard output (progress to standard error)
+/// and writes the JSON and SVG files asked for.
 pub fn run_bench(args: BenchArgs) -> Result<()> {
     runner::run(args)
 }
 
+/// Runs `tether latency`: prints the table to standard output and writes the JSON file
+/// asked for.
 pub fn run_latency(args: LatencyArgs) -> Result<()> {
     latency::run(args)
+}
+
+/// Writes `text` to standard output. A reader that went away (`tether status | head -1`)
+/// is not an error: what it wanted, it got.
+pub fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
