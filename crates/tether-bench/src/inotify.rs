@@ -1,4 +1,5 @@
-//! A guest file watcher, as `tether latency --inotify` runs one: an inotify watch on a
+//! A guest file watcher, as `tether latency --inotify` and `tether-fsx --guest-watcher` run
+//! one: an inotify watch on a
 //! directory (through a mount) and the events it reads. The bench's own parser of the
 //! kernel's `struct inotify_event` records: it needs only each event's mask and name.
 

@@ -1,18 +1,24 @@
 //! The measurements behind `tether bench` (the workloads users judge a shared folder by,
 //! run side by side in several directories) and `tether latency` (how long a host-side
-//! change takes to show through a mount). The `tether` binary parses [`BenchArgs`] and
-//! [`LatencyArgs`] as its subcommands and hands them to [`run_bench`] and [`run_latency`].
+//! change takes to show through a mount), and the random-operation integrity tester
+//! `tether-fsx`. The `tether` binary parses [`BenchArgs`] and [`LatencyArgs`] as its
+//! subcommands and hands them to [`run_bench`] and [`run_latency`]; the `tether-fsx` binary
+//! parses [`FsxArgs`] for [`run_fsx`].
 //!
 //! - `workloads`: what each workload sets up, times and checks; the generated content.
 //! - `runner`: directory checks, the interleaved runs, progress, cleanup on interrupt.
 //! - `report`: the result model, the text table, JSON and the SVG chart.
 //! - `latency`: the coherence latency benchmark.
-//! - `inotify`: the guest file watcher of `tether latency --inotify`, and its event parser.
+//! - `fsx`: the integrity tester: mixed operations through a mount and on the host,
+//!   checked against a model.
+//! - `inotify`: the guest file watcher of `tether latency --inotify` and `tether-fsx
+//!   --guest-watcher`, and its event parser.
 //! - `sys`: signals, child processes, caches, machine facts, the seeded generator.
 //!
 //! It measures through the file system and `tether_client::sync` only: nothing of the
 //! server's internals.
 
+mod fsx;
 mod inotify;
 mod latency;
 mod report;
@@ -24,6 +30,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+
+pub use fsx::{run_fsx, FsxArgs};
 
 /// `tether bench`: its arguments.
 #[derive(Args, Debug)]
