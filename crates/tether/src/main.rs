@@ -1,6 +1,5 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
-mod bench;
 mod secret;
 
 use std::os::unix::fs::MetadataExt;
@@ -11,6 +10,7 @@ use std::thread;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use tether_bench::print_out;
 use tether_client::mount::{
     check_mount_point, mounted_at, retrying_while_busy, unmount, MountOptions, MountPointCheck,
     Mounted, Unmounter,
@@ -189,9 +189,9 @@ enum Command {
         force: bool,
     },
     /// Time the workloads users judge a shared folder by, in DIR and each --vs directory.
-    Bench(bench::BenchArgs),
+    Bench(tether_bench::BenchArgs),
     /// Measure how long host-side changes take to become visible through a mount.
-    Latency(bench::LatencyArgs),
+    Latency(tether_bench::LatencyArgs),
 }
 
 fn main() -> ExitCode {
@@ -674,18 +674,8 @@ fn run(cmd: Command) -> Result<()> {
                 anyhow::anyhow!("cannot unmount {shown}: {e}{hint}")
             })
         }
-        Command::Bench(args) => bench::run_bench(args),
-        Command::Latency(args) => bench::run_latency(args),
-    }
-}
-
-/// Writes `text` to standard output. A reader that went away (`tether status | head -1`)
-/// is not an error: what it wanted, it got.
-pub fn print_out(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => Ok(r?),
+        Command::Bench(args) => tether_bench::run_bench(args),
+        Command::Latency(args) => tether_bench::run_latency(args),
     }
 }
 

@@ -7,10 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-use super::report::{self, Cell, DirInfo, Failure, Report, WorkloadResult};
-use super::sys::{self, Interrupt};
-use super::workloads::{self, Ctx, Data, Site, Sizes, Workload};
-use super::BenchArgs;
+use crate::report::{self, Cell, DirInfo, Failure, Report, WorkloadResult};
+use crate::sys::{self, Interrupt};
+use crate::workloads::{self, Ctx, Data, Site, Sizes, Workload};
+use crate::BenchArgs;
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let sizes = if args.quick {
@@ -199,7 +199,7 @@ fn run_steps(
     let mut seconds: Seconds = vec![vec![Vec::new(); sites.len()]; selected.len()];
     let mut failures = Vec::new();
     let total = u64::from(args.runs) * (selected.len() * sites.len()) as u64;
-    let (bars, pb) = super::progress(total);
+    let (bars, pb) = crate::progress(total);
     let say = |s: String| {
         if bars {
             pb.println(s);

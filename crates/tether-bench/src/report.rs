@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::sys::Machine;
-use super::workloads::Sizes;
+use crate::sys::Machine;
+use crate::workloads::Sizes;
 
 #[derive(Serialize)]
 pub struct Report {
@@ -395,7 +395,7 @@ fn trim_num(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::sys;
+    use crate::sys;
 
     fn sample(baseline: bool) -> Report {
         let cell = |dir: &str, m: f64, ratio: Option<f64>| Cell {

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::report::fmt_secs;
-use super::sys::{self, Interrupt, Machine, Rng};
-use super::LatencyArgs;
-use tether_server::export::watch::records;
+use crate::inotify::{Event, Watch};
+use crate::report::fmt_secs;
+use crate::sys::{self, Interrupt, Machine, Rng};
+use crate::LatencyArgs;
 
 /// Pause between two polls of the mount.
 const POLL: Duration = Duration::from_micros(75);
@@ -282,59 +282,32 @@ fn set_mtime(p: &Path, secs: i64) -> Result<()> {
 
 /// An inotify watch on the lab directory in the mount: what a guest file watcher sees.
 struct InotifyProbe {
-    fd: std::os::fd::OwnedFd,
+    watch: Watch,
+    buf: Vec<u8>,
 }
 
 impl InotifyProbe {
     fn new(dir: &Path) -> Result<InotifyProbe> {
-        use std::os::fd::FromRawFd;
-        use std::os::unix::ffi::OsStrExt;
-        // SAFETY: no preconditions; the descriptor is owned below.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("inotify_init1");
-        }
-        // SAFETY: a fresh descriptor.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-        // SAFETY: valid descriptor and C string.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                path.as_ptr(),
-                libc::IN_ALL_EVENTS,
-            )
-        };
-        if wd < 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot watch {}", dir.display()));
-        }
-        Ok(InotifyProbe { fd })
+        let watch =
+            Watch::new(dir, true).with_context(|| format!("cannot watch {}", dir.display()))?;
+        Ok(InotifyProbe {
+            watch,
+            buf: vec![0u8; 64 * 1024],
+        })
     }
 
     /// Events queued now, as (mask, name).
-    fn read(&self) -> Vec<(u32, Vec<u8>)> {
+    fn read(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: buf is writable for its length.
-            let n = unsafe {
-                libc::read(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
-            if n <= 0 {
-                return out;
-            }
-            out.extend(records(&buf[..n as usize]).map(|r| (r.mask, r.name.to_vec())));
+        while let Some(events) = self.watch.read(&mut self.buf) {
+            out.extend(events);
         }
+        out
     }
 
     /// Waits for `mask` on `name`; how long that took, or None after `timeout`.
     fn wait(
-        &self,
+        &mut self,
         mask: u32,
         name: &str,
         timeout: Duration,
@@ -353,13 +326,8 @@ impl InotifyProbe {
                 return Ok(None);
             }
             intr.check()?;
-            let mut pfd = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; 10 ms so that an interrupt is noticed.
-            unsafe { libc::poll(&mut pfd, 1, 10) };
+            // 10 ms at a time, so that an interrupt is noticed.
+            self.watch.wait(10);
         }
     }
 }
@@ -576,12 +544,12 @@ fn trials(
             setup_wait.as_secs()
         );
     }
-    let probe = if args.inotify {
+    let mut probe = if args.inotify {
         Some(InotifyProbe::new(&lab.mount)?)
     } else {
         None
     };
-    let (bars, pb) = super::progress(u64::from(args.trials));
+    let (bars, pb) = crate::progress(u64::from(args.trials));
     let mut tallies: Vec<Tally> = KINDS.iter().map(|_| Tally::default()).collect();
     let mut idle = Vec::new();
     let sync = |lab: &Lab| -> Result<Duration> {
@@ -607,7 +575,7 @@ fn trials(
             t.setup_not_visible += 1;
             t.in_a_row += 1;
         } else {
-            if let Some(p) = &probe {
+            if let Some(p) = &mut probe {
                 p.read(); // events of the checks above
             }
             if args.sync {
@@ -615,7 +583,7 @@ fn trials(
             }
             lab.change(kind, k)
                 .with_context(|| format!("{} #{k} on the host", kind.name()))?;
-            let seen = match &probe {
+            let seen = match &mut probe {
                 _ if args.sync => {
                     let took = sync(lab)?;
                     lab.holds(kind, k, true).then_some(took)

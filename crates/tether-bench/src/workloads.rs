@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::sys::{self, Interrupt, Rng};
+use crate::sys::{self, Interrupt, Rng};
 
 /// How big the workloads are: full, or about a tenth for `--quick`.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -1,13 +1,25 @@
-//! `tether bench` (the workloads users judge a shared folder by, run side by side in several
-//! directories) and `tether latency` (how long a host-side change takes to show through a
-//! mount).
+//! The measurements behind `tether bench` (the workloads users judge a shared folder by,
+//! run side by side in several directories) and `tether latency` (how long a host-side
+//! change takes to show through a mount), and the random-operation integrity tester
+//! `tether-fsx`. The `tether` binary parses [`BenchArgs`] and [`LatencyArgs`] as its
+//! subcommands and hands them to [`run_bench`] and [`run_latency`]; the `tether-fsx` binary
+//! parses [`FsxArgs`] for [`run_fsx`].
 //!
 //! - `workloads`: what each workload sets up, times and checks; the generated content.
 //! - `runner`: directory checks, the interleaved runs, progress, cleanup on interrupt.
 //! - `report`: the result model, the text table, JSON and the SVG chart.
 //! - `latency`: the coherence latency benchmark.
+//! - `fsx`: the integrity tester: mixed operations through a mount and on the host,
+//!   checked against a model.
+//! - `inotify`: the guest file watcher of `tether latency --inotify` and `tether-fsx
+//!   --guest-watcher`, and its event parser.
 //! - `sys`: signals, child processes, caches, machine facts, the seeded generator.
+//!
+//! It measures through the file system and `tether_client::sync` only: nothing of the
+//! server's internals.
 
+mod fsx;
+mod inotify;
 mod latency;
 mod report;
 mod runner;
@@ -19,7 +31,9 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-/// `tether bench`.
+pub use fsx::{run_fsx, FsxArgs};
+
+/// `tether bench`: its arguments.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// The directory to measure (usually a Tether mount). It must be empty: the bench works
@@ -49,7 +63,7 @@ pub struct BenchArgs {
     pub only: Vec<String>,
 }
 
-/// `tether latency`.
+/// `tether latency`: its arguments.
 #[derive(Args, Debug)]
 pub struct LatencyArgs {
     /// The directory as the host sees it (changes are made here).
@@ -94,10 +108,24 @@ fn progress(len: u64) -> (bool, indicatif::ProgressBar) {
     (true, pb)
 }
 
+/// Runs `tether bench`: prints the table to standard output (progress to standard error)
+/// and writes the JSON and SVG files asked for.
 pub fn run_bench(args: BenchArgs) -> Result<()> {
     runner::run(args)
 }
 
+/// Runs `tether latency`: prints the table to standard output and writes the JSON file
+/// asked for.
 pub fn run_latency(args: LatencyArgs) -> Result<()> {
     latency::run(args)
+}
+
+/// Writes `text` to standard output. A reader that went away (`tether status | head -1`)
+/// is not an error: what it wanted, it got.
+pub fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
