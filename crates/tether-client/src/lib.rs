@@ -10,6 +10,7 @@
 //!   [`status`] and [`sync`]: what the CLI asks of a running mount.
 
 pub mod cache;
+pub mod client;
 mod control;
 pub mod fuse;
 pub mod invalidate;
@@ -22,6 +23,7 @@ mod sys;
 pub mod write;
 
 pub use cache::coherence::Coherence;
+pub use client::Client;
 pub use fuse::fs::{CachePolicy, TetherFs};
 pub use rpc::Connection;
 pub use write::mode::WriteMode;

@@ -9,13 +9,12 @@ use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-use crate::cache::coherence::Coherence;
+use crate::client::Client;
 use crate::fuse::fs::{CachePolicy, TetherFs};
 use crate::fuse::locks::Locks;
 use crate::invalidate::fixer::AttrFixer;
 use crate::invalidate::host_events::Replayer;
 use crate::restore::Restore;
-use crate::rpc::Connection;
 use crate::sys::mount_dir::MountDir;
 use crate::write::flusher::{Flusher, FLUSH_INTERVAL};
 
@@ -99,11 +98,11 @@ impl Mounted {
     /// Mounts; `co` must be the coherence state whose `on_push` receives the connection's
     /// pushes (see `Connection::start`).
     pub fn new(
-        conn: Arc<Connection>,
-        co: Arc<Coherence>,
+        client: &Arc<Client>,
         mountpoint: &Path,
         opts: &MountOptions,
     ) -> io::Result<Mounted> {
+        let (conn, co) = (client.conn.clone(), client.co.clone());
         if conn.hello.features & tether_proto::handshake::features::PUSH_INVALIDATE != 0 {
             co.enable();
         }
@@ -160,6 +159,7 @@ impl Mounted {
             replayer.clone(),
             fixer.clone(),
             locks.clone(),
+            (client.write_behind.clone(), client.spares.clone()),
         );
         let known = fs.known();
         let pages = fs.partial_pages();
@@ -168,13 +168,14 @@ impl Mounted {
             known.clone(),
             co.clone(),
             locks.as_ref().map(|l| l.held()),
+            client.spares.clone(),
         )));
         let session = Session::new(fs, mountpoint, &config)?;
         if root {
             raise_readahead(mountpoint);
         }
         if opts.io_uring {
-            crate::fuse::io_uring::report(&co, session.io_uring());
+            crate::fuse::io_uring::report(&client.io_uring, session.io_uring());
         }
         let fuse_dev = session.as_fd().try_clone_to_owned().ok();
         if let Some(f) = &fixer {

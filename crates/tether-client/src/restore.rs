@@ -17,6 +17,7 @@ use crate::cache::coherence::Coherence;
 use crate::cache::known::{Binding, Known, OpenHandle};
 use crate::fuse::locks::HeldLocks;
 use crate::rpc::{Connection, Restorer};
+use crate::write::spares::Spares;
 
 /// A node the kernel holds, as a restore finds it again.
 struct KnownNode {
@@ -41,16 +42,24 @@ pub struct Restore {
     known: Arc<Known>,
     co: Arc<Coherence>,
     locks: Option<Arc<HeldLocks>>,
+    /// Counts the creations named again (spares made ahead went with the old session).
+    spares: Arc<Spares>,
     snapshot: Mutex<Snapshot>,
 }
 
 impl Restore {
     /// `locks`: the host locks this guest holds (none when locks stay in the guest).
-    pub fn new(known: Arc<Known>, co: Arc<Coherence>, locks: Option<Arc<HeldLocks>>) -> Restore {
+    pub fn new(
+        known: Arc<Known>,
+        co: Arc<Coherence>,
+        locks: Option<Arc<HeldLocks>>,
+        spares: Arc<Spares>,
+    ) -> Restore {
         Restore {
             known,
             co,
             locks,
+            spares,
             snapshot: Mutex::default(),
         }
     }
@@ -116,9 +125,10 @@ impl Restore {
                         found.insert(node);
                     }
                     Ok(Reply::Create { entry: e, .. }) if e.node == node => {
-                        if let Some(s) = self.co.spares.get() {
-                            s.counters.named_again.fetch_add(1, Ordering::Relaxed);
-                        }
+                        self.spares
+                            .counters
+                            .named_again
+                            .fetch_add(1, Ordering::Relaxed);
                         if let Some(g) = spare_generation.filter(|&g| g != e.generation) {
                             self.co.keep_generation(node, g);
                         }

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether_proto::IdMapping;
 
-use crate::cache::coherence::Coherence;
+use crate::client::Client;
 pub use crate::control::socket_path;
 use crate::rpc::Connection;
+use crate::write::spares::Spares;
 
 /// Serves status reports for `mountpoint` until the process exits; removes the socket on drop.
 pub struct StatusServer {
@@ -24,8 +25,7 @@ pub struct StatusServer {
 impl StatusServer {
     pub fn start(
         mountpoint: &Path,
-        conn: Arc<Connection>,
-        co: Arc<Coherence>,
+        client: Arc<Client>,
         fallback: Duration,
     ) -> io::Result<StatusServer> {
         let path = crate::control::socket_path(mountpoint);
@@ -42,13 +42,13 @@ impl StatusServer {
             .spawn(move || {
                 for mut stream in listener.incoming().flatten() {
                     if crate::control::read_request(&mut stream) == crate::sync::REQUEST {
-                        let (conn, co) = (conn.clone(), co.clone());
+                        let client = client.clone();
                         let _ = std::thread::Builder::new()
                             .name("tether-sync".into())
-                            .spawn(move || crate::sync::answer(stream, &conn, &co));
+                            .spawn(move || crate::sync::answer(stream, &client.conn, &client.co));
                         continue;
                     }
-                    let _ = answer(stream, &mp, &conn, &co, fallback);
+                    let _ = answer(stream, &mp, &client, fallback);
                 }
             })?;
         Ok(StatusServer { file })
@@ -86,13 +86,8 @@ impl Drop for StatusServer {
     }
 }
 
-fn answer(
-    mut s: UnixStream,
-    mp: &str,
-    conn: &Connection,
-    co: &Coherence,
-    fallback: Duration,
-) -> io::Result<()> {
+fn answer(mut s: UnixStream, mp: &str, client: &Client, fallback: Duration) -> io::Result<()> {
+    let (conn, co) = (&*client.conn, &*client.co);
     let (watched, unwatched) = co.watch_counts();
     let caching = if co.enabled() {
         if unwatched == 0 {
@@ -136,17 +131,18 @@ fn answer(
         ),
         None => String::new(),
     };
-    let write_behind = match co.write_behind.get() {
-        Some(wb) if wb.on() && !conn.grants(tether_proto::handshake::features::ORDERED_WRITES) => {
+    let wb = &client.write_behind;
+    let write_behind = match () {
+        _ if wb.on() && !conn.grants(tether_proto::handshake::features::ORDERED_WRITES) => {
             "asked for, but off: the server does not promise to execute writes in order".into()
         }
-        Some(wb) if wb.on() => format!(
+        _ if wb.on() => format!(
             "on: {} writes answered before the server had them, {} of them failed there, {} \
              in flight; {}",
             wb.counters.answered_early.load(Ordering::Relaxed),
             wb.counters.failed_later.load(Ordering::Relaxed),
             wb.in_flight(),
-            create_behind(co, conn),
+            create_behind(&client.spares, conn),
         ),
         _ if co.fixer().is_some() => "off (the writeback cache)".into(),
         _ => "off (every write() waits for the server; `mount --writes behind` to change)".into(),
@@ -197,7 +193,7 @@ fn answer(
         co.counters
             .lock_waits_ended_by_release
             .load(Ordering::Relaxed),
-        crate::fuse::io_uring::status(co),
+        crate::fuse::io_uring::status(&client.io_uring),
     );
     s.write_all(report.as_bytes())
 }
@@ -214,8 +210,8 @@ pub fn query(mountpoint: &Path) -> io::Result<String> {
 }
 
 /// The create-behind part of the write-behind line (write/spares.rs).
-fn create_behind(co: &Coherence, conn: &Connection) -> String {
-    let Some(s) = co.spares.get().filter(|s| s.on()) else {
+fn create_behind(s: &Spares, conn: &Connection) -> String {
+    if !s.on() {
         return "file creations wait for the server (`mount --writes create-behind` to change)"
             .into();
     };

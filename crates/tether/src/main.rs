@@ -16,7 +16,7 @@ use tether_client::mount::{
     Mounted, Unmounter,
 };
 use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
-use tether_client::{CachePolicy, Coherence, Connection, WriteMode};
+use tether_client::{CachePolicy, Client, Coherence, Connection, WriteMode};
 use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
@@ -594,15 +594,12 @@ fn run(cmd: Command) -> Result<()> {
                 host_locks: !local_locks,
                 io_uring,
             };
-            let _status = tether_client::status::StatusServer::start(
-                &mountpoint,
-                conn.clone(),
-                co.clone(),
-                ttl,
-            )
-            .map_err(|e| tracing::warn!("no status socket: {e}"))
-            .ok();
-            let mut mounted = Mounted::new(conn, co, &mountpoint, &opts)
+            let client = Client::new(conn, co, writes);
+            let _status =
+                tether_client::status::StatusServer::start(&mountpoint, client.clone(), ttl)
+                    .map_err(|e| tracing::warn!("no status socket: {e}"))
+                    .ok();
+            let mut mounted = Mounted::new(&client, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
             let unmounter = mounted.unmounter();
             let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;

@@ -31,8 +31,6 @@ use tether_proto::{
 
 use crate::invalidate::fixer::AttrFixer;
 use crate::invalidate::host_events::{Backlog, Replayer};
-use crate::write::behind::WriteBehind;
-use crate::write::spares::Spares;
 
 /// Host events to replay: batch `batch` of the name invalidations that wait for them.
 struct Replay {
@@ -169,17 +167,11 @@ pub struct Coherence {
     pub counters: Counters,
     /// Set when host events are replayed as inotify events in the guest.
     pub replayer: OnceLock<Arc<Replayer>>,
-    /// The io_uring queues' counters, when the mount uses them (fuse/io_uring.rs).
-    pub io_uring: OnceLock<Arc<fuser::UringStats>>,
     /// Wakes the lock thread's waiters on a node another session freed a lock on (set by
     /// the lock thread, fuse/locks.rs, which this layer does not know).
     lock_freed: OnceLock<LockFreed>,
     /// Set when the kernel caches writes (invalidate/fixer.rs).
     fixer: OnceLock<Arc<AttrFixer>>,
-    /// Written-through writes answered before the server's reply (write/behind.rs).
-    pub write_behind: OnceLock<Arc<WriteBehind>>,
-    /// Creations answered with spare files before the server named them (write/spares.rs).
-    pub spares: OnceLock<Arc<Spares>>,
     fuse_dev: OnceLock<OwnedFd>,
     /// Name invalidations waiting for replays, and those being applied.
     names: Mutex<Names>,
@@ -313,11 +305,8 @@ impl Coherence {
             pending: Mutex::new(Some(rx)),
             counters: Counters::default(),
             replayer: OnceLock::new(),
-            io_uring: OnceLock::new(),
             lock_freed: OnceLock::new(),
             fixer: OnceLock::new(),
-            write_behind: OnceLock::new(),
-            spares: OnceLock::new(),
             fuse_dev: OnceLock::new(),
             names: Mutex::default(),
             barriers: Mutex::default(),

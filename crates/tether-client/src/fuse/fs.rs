@@ -106,16 +106,9 @@ impl TetherFs {
         replayer: Option<Arc<Replayer>>,
         fixer: Option<Arc<AttrFixer>>,
         locks: Option<Locks>,
+        (write_behind, spares): (Arc<WriteBehind>, Arc<Spares>),
     ) -> Self {
         let prefetch = Prefetch::new(co.clone());
-        let write_behind = co
-            .write_behind
-            .get_or_init(|| Arc::new(WriteBehind::new(cache.writes.writes_behind())))
-            .clone();
-        let spares = co
-            .spares
-            .get_or_init(|| Arc::new(Spares::new(cache.writes.creates_behind())))
-            .clone();
         TetherFs {
             conn,
             cache,

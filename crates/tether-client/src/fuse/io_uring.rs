@@ -5,11 +5,9 @@
 //! (bench/journal/2026-11-25-fewer-wakeups-write-descriptors.md, 2026-11-26-io-uring-opt-in.md).
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use fuser::UringStats;
-
-use crate::cache::coherence::Coherence;
 
 /// The fuse module's switch: the kernel offers io_uring at FUSE_INIT only while it is on.
 const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -43,11 +41,11 @@ pub fn prepare() -> io::Result<u16> {
     Ok(DEPTH)
 }
 
-/// Records whether FUSE_INIT agreed on io_uring, for `tether status`.
-pub fn report(co: &Coherence, stats: Option<Arc<UringStats>>) {
+/// Records whether FUSE_INIT agreed on io_uring (in `agreed`), for `tether status`.
+pub fn report(agreed: &OnceLock<Arc<UringStats>>, stats: Option<Arc<UringStats>>) {
     match stats {
         Some(s) => {
-            let _ = co.io_uring.set(s);
+            let _ = agreed.set(s);
         }
         None => {
             tracing::warn!(
@@ -59,9 +57,9 @@ pub fn report(co: &Coherence, stats: Option<Arc<UringStats>>) {
 }
 
 /// The status line.
-pub fn status(co: &Coherence) -> String {
+pub fn status(agreed: &OnceLock<Arc<UringStats>>) -> String {
     use std::sync::atomic::Ordering::Relaxed;
-    match co.io_uring.get() {
+    match agreed.get() {
         Some(s) => describe(
             s.requests.load(Relaxed),
             s.queues.load(Relaxed),
