@@ -38,7 +38,7 @@ fn fstat_dev(fd: BorrowedFd<'_>) -> Option<u64> {
 }
 
 /// statfs's f_type of a FUSE mount.
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 
 /// Whether `fd` is on a FUSE file system.
 fn is_fuse(fd: BorrowedFd<'_>) -> bool {
@@ -48,7 +48,8 @@ fn is_fuse(fd: BorrowedFd<'_>) -> bool {
         return false;
     }
     // SAFETY: fstatfs succeeded.
-    unsafe { sfs.assume_init() }.f_type == FUSE_SUPER_MAGIC
+    // f_type is signed with glibc and unsigned with musl: compared as the bits it holds.
+    unsafe { sfs.assume_init() }.f_type as u64 == FUSE_SUPER_MAGIC
 }
 
 impl MountDir {
