@@ -3,6 +3,7 @@
 //! Layers: [`session`] (one connection: handshake, request queue, workers, replies) over
 //! [`export`] (the node and handle tables and every operation, as `*at()` syscalls).
 
+pub mod backend;
 pub mod export;
 pub mod session;
 

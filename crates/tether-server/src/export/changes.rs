@@ -15,7 +15,6 @@ use tether_proto::{EventKind, HostEvent, Invalidation, NodeId, ROOT_NODE};
 
 use super::nodes::Node;
 use super::ops::ExportFs;
-use super::sys;
 use super::watch::{changed_bits, name_change, Batch, NameChange};
 
 /// Files with someone else's change not yet closed that are remembered at most (a writer
@@ -132,7 +131,7 @@ impl ExportFs {
                     let Ok(cname) = CString::new(name.clone()) else {
                         continue;
                     };
-                    let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+                    let Ok(st) = self.host().stat_at(dir_fd.as_fd(), &cname) else {
                         continue;
                     };
                     let bits = changed_bits(ev.mask);
@@ -223,7 +222,7 @@ impl ExportFs {
         if matches!(change, NameChange::Created | NameChange::MovedTo) {
             if let Ok(st) = CString::new(name)
                 .map_err(|_| ())
-                .and_then(|n| sys::fstatat_nofollow(dir_fd.as_fd(), &n).map_err(|_| ()))
+                .and_then(|n| self.host().stat_at(dir_fd.as_fd(), &n).map_err(|_| ()))
             {
                 node = self.nodes.id_for(st.st_dev, st.st_ino);
                 file_type = st.st_mode & libc::S_IFMT;
@@ -306,11 +305,11 @@ impl ExportFs {
             .root
             .get_or_insert_with(|| {
                 let (_, root_fd) = self.node_fd(ROOT_NODE).ok()?;
-                sys::fd_path(root_fd.as_fd()).ok()
+                self.host().fd_path(root_fd.as_fd()).ok()
             })
             .clone();
         let resolved = (|| {
-            let path = sys::fd_path(dir_fd.as_fd()).ok()?;
+            let path = self.host().fd_path(dir_fd.as_fd()).ok()?;
             let rel = path.strip_prefix(root?.as_slice())?.strip_prefix(b"/")?;
             if rel.ends_with(b" (deleted)") {
                 return None;
@@ -330,7 +329,7 @@ impl ExportFs {
         let Ok(cname) = CString::new(name) else {
             return;
         };
-        let Ok(st) = sys::fstatat_nofollow(dir_fd.as_fd(), &cname) else {
+        let Ok(st) = self.host().stat_at(dir_fd.as_fd(), &cname) else {
             return;
         };
         if let Some(node) = self.nodes.find(st.st_dev, st.st_ino) {
@@ -348,7 +347,7 @@ impl ExportFs {
         let Ok(fd) = self.nodes.fd(node) else {
             return true;
         };
-        let Ok(st) = sys::fstat(fd.as_fd()) else {
+        let Ok(st) = self.host().stat(fd.as_fd()) else {
             return true;
         };
         let now = (st.st_ctime, st.st_ctime_nsec);
@@ -440,8 +439,8 @@ mod tests {
         let (_, root_fd) = fs.node_fd(ROOT_NODE).unwrap();
         let name = CString::new("f").unwrap();
         let seen = fs.batches_seen.load(Ordering::SeqCst);
-        let fd = sys::open_path(root_fd.as_fd(), &name).unwrap();
-        let (before, birth) = sys::fstat_born(fd.as_fd()).unwrap();
+        let fd = fs.host().open_node(root_fd.as_fd(), &name).unwrap();
+        let (before, birth) = fs.host().stat_born(fd.as_fd()).unwrap();
         assert_eq!(before.st_size, 0);
         std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
         drain(&fs);

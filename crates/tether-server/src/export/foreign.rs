@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use super::sys;
+use crate::backend::sys;
 
 /// The changes reported: content, attributes, a close after writing; of the directory's
 /// entries.

@@ -32,7 +32,7 @@ use dashmap::DashMap;
 use tether_proto::{lock_type, LockSpec, NodeId, Reply, WireErrno};
 
 use super::ops::ExportFs;
-use super::sys::{self, RangeLock, SysResult};
+use crate::backend::{Backend, RangeLock, SysResult};
 
 /// The open file descriptions that carry each (node, guest owner)'s locks.
 #[derive(Default)]
@@ -63,13 +63,17 @@ const SESSION_DMS: u64 = 1 << 40;
 impl LockTable {
     /// Gives back the WAL index `node` if no process of the session holds its DMS lock
     /// any more. Call with the guards locked.
-    fn release_unused_guard(guards: &mut HashMap<NodeId, OwnedFd>, node: NodeId) {
+    fn release_unused_guard(
+        host: &dyn Backend,
+        guards: &mut HashMap<NodeId, OwnedFd>,
+        node: NodeId,
+    ) {
         let Some(guard) = guards.get(&node) else {
             return;
         };
         let probe = RangeLock::request(libc::F_WRLCK, SESSION_DMS as i64, 1);
         // Only this session's owners lock SESSION_DMS (others cannot get the guard).
-        if matches!(sys::ofd_getlk(guard.as_fd(), &probe), Ok(None)) {
+        if matches!(host.getlk(guard.as_fd(), &probe), Ok(None)) {
             guards.remove(&node);
         }
     }
@@ -78,8 +82,8 @@ impl LockTable {
 /// A host file, as (st_dev, st_ino): sessions name files by their own node ids.
 type FileKey = (u64, u64);
 
-fn file_key(fd: BorrowedFd<'_>) -> Option<FileKey> {
-    sys::fstat(fd).ok().map(|st| (st.st_dev, st.st_ino))
+fn file_key(host: &dyn Backend, fd: BorrowedFd<'_>) -> Option<FileKey> {
+    host.stat(fd).ok().map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Most files with refused sessions remembered at once, across the export: past it, a
@@ -251,11 +255,11 @@ impl ExportFs {
                 lock_type::WRITE => libc::LOCK_EX,
                 _ => libc::LOCK_UN,
             };
-            sys::flock_nb(fd.as_fd(), op)
+            self.host().flock(fd.as_fd(), op)
         } else {
             host_range(&lock).and_then(|(start, len)| {
                 let l = RangeLock::request(lock_type::to_fcntl(lock.typ), start, len);
-                sys::ofd_setlk(fd.as_fd(), &l)
+                self.host().setlk(fd.as_fd(), &l)
             })
         };
         if let Err(e) = taken {
@@ -270,7 +274,7 @@ impl ExportFs {
         if lock.typ == lock_type::UNLOCK {
             // An unlock of the whole file also drops a WAL index's session DMS lock.
             let mut guards = self.locks.wal_guards.lock().unwrap();
-            LockTable::release_unused_guard(&mut guards, node);
+            LockTable::release_unused_guard(self.host(), &mut guards, node);
         }
         // An unlock, or a read lock of an owner that held one here (maybe a write lock).
         if lock.typ == lock_type::UNLOCK || (lock.typ == lock_type::READ && !new) {
@@ -282,7 +286,7 @@ impl ExportFs {
     /// This session was refused a lock on `node` (open as `fd`): it hears when another
     /// session frees one there.
     fn lock_refused(&self, node: NodeId, fd: BorrowedFd<'_>) {
-        if let (Some(wake), Some(key)) = (&self.lock_wake, file_key(fd)) {
+        if let (Some(wake), Some(key)) = (&self.lock_wake, file_key(self.host(), fd)) {
             self.export.lock_waits.refused(key, node, wake);
         }
     }
@@ -293,7 +297,9 @@ impl ExportFs {
         if self.export.lock_waits.is_empty() {
             return HashSet::new();
         }
-        fds.into_iter().filter_map(file_key).collect()
+        (fds.into_iter())
+            .filter_map(|fd| file_key(self.host(), fd))
+            .collect()
     }
 
     /// This session released or downgraded locks on `files`: other sessions refused a lock
@@ -388,7 +394,7 @@ impl ExportFs {
             }
         };
         let probe = RangeLock::request(lock_type::to_fcntl(lock.typ), start, len);
-        Ok(match sys::ofd_getlk(fd, &probe)? {
+        Ok(match self.host().getlk(fd, &probe)? {
             None => free,
             Some(c) => Reply::Lock {
                 typ: lock_type::from_fcntl(c.typ.into()),
@@ -421,7 +427,7 @@ impl ExportFs {
         if lock.typ != lock_type::UNLOCK && !guards.contains_key(&node) {
             let guard = self.lock_description(node)?;
             let dms = RangeLock::request(libc::F_WRLCK, WAL_DMS as i64, 1);
-            if let Err(e) = sys::ofd_setlk(guard.as_fd(), &dms) {
+            if let Err(e) = self.host().setlk(guard.as_fd(), &dms) {
                 if self.locks.wal_refused.lock().unwrap().insert(node) {
                     tracing::info!(
                         "a SQLite WAL index (node {node}) is in use on the host or by another \
@@ -435,14 +441,14 @@ impl ExportFs {
         }
         let own = RangeLock::request(lock_type::to_fcntl(lock.typ), SESSION_DMS as i64, 1);
         let r = (self.lock_fd(node, lock.owner, generation)).and_then(|(owner_fd, new)| {
-            let r = sys::ofd_setlk(owner_fd.fd.as_fd(), &own);
+            let r = self.host().setlk(owner_fd.fd.as_fd(), &own);
             if r.is_err() && new {
                 self.forget_if_unused(node, lock.owner, owner_fd);
             }
             r
         });
         // Every way out: a guard no process of the session uses goes back.
-        LockTable::release_unused_guard(&mut guards, node);
+        LockTable::release_unused_guard(self.host(), &mut guards, node);
         r.map(|_| Reply::Empty)
     }
 
@@ -452,7 +458,7 @@ impl ExportFs {
         let gone = (self.locks.owners).remove_if(&(node, owner), |_, e| e.generation <= generation);
         {
             let mut guards = self.locks.wal_guards.lock().unwrap();
-            LockTable::release_unused_guard(&mut guards, node);
+            LockTable::release_unused_guard(self.host(), &mut guards, node);
         }
         self.drop_owners(gone.into_iter().map(|(_, o)| o).collect());
         Reply::Empty

@@ -10,7 +10,6 @@ mod locks;
 mod nodes;
 mod ops;
 mod readahead;
-pub mod sys;
 pub mod watch;
 mod writers;
 
@@ -27,12 +26,15 @@ pub use nodes::{FdBudget, Node, NodeTable};
 pub use ops::ExportFs;
 use tether_proto::WireErrno;
 
+use crate::backend::linux::Linux;
+use crate::backend::{sys, Backend};
+
 /// Settings and state shared by every session of one export.
 pub struct Export {
     pub root_path: PathBuf,
     root: OwnedFd,
-    /// /proc/self/fd, to reopen O_PATH descriptors with real access modes.
-    proc_fd: OwnedFd,
+    /// The host's file system calls.
+    pub host: Arc<dyn Backend>,
     pub read_only: bool,
     pub budget: Arc<FdBudget>,
     /// Most open file handles one session may hold (a share of the open-file limit, so that
@@ -71,16 +73,9 @@ impl Export {
         }
         let cpath = CString::new(canonical.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        let cwd = cwd_fd();
-        let root =
-            sys::openat(cwd.as_fd(), &cpath, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(to_io)?;
-        let proc_fd = sys::openat(
-            cwd.as_fd(),
-            c"/proc/self/fd",
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        )
-        .map_err(to_io)?;
+        let host: Arc<dyn Backend> = Arc::new(Linux::open().map_err(to_io)?);
+        let cwd = cwd_fd(&*host);
+        let root = host.open_dir_node(cwd.as_fd(), &cpath).map_err(to_io)?;
         let limit = sys::raise_nofile_limit() as usize;
         let cap = if opts.max_node_fds > 0 {
             opts.max_node_fds
@@ -104,7 +99,7 @@ impl Export {
         Ok(Arc::new(Export {
             root_path: canonical,
             root,
-            proc_fd,
+            host,
             read_only: opts.read_only,
             budget: FdBudget::new(cap),
             max_handles,
@@ -118,7 +113,7 @@ impl Export {
 
     /// A fresh O_PATH descriptor of the export root, for a new session's node table.
     pub fn root_fd(&self) -> io::Result<OwnedFd> {
-        sys::openat(self.root.as_fd(), c".", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(to_io)
+        (self.host.open_dir_node(self.root.as_fd(), c".")).map_err(to_io)
     }
 }
 
@@ -126,15 +121,13 @@ fn to_io(e: WireErrno) -> io::Error {
     io::Error::from_raw_os_error(e.to_host())
 }
 
-fn cwd_fd() -> OwnedFd {
+fn cwd_fd(host: &dyn Backend) -> OwnedFd {
     // An fd for "." is only used with absolute paths here; AT_FDCWD would do, but keeping
     // every call on a BorrowedFd keeps one calling convention.
-    sys::openat(
+    host.open_dir_node(
         // SAFETY: AT_FDCWD is a valid "descriptor" for *at calls and is never closed.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(libc::AT_FDCWD) },
         c".",
-        libc::O_PATH | libc::O_DIRECTORY,
-        0,
     )
     .expect("the current directory can be opened")
 }

@@ -1,6 +1,6 @@
 //! One session's view of the export: its nodes and open handles, and every operation.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,10 +17,10 @@ use super::ids::SessionIds;
 use super::locks::{LockTable, LockWake};
 use super::nodes::{Node, NodeTable};
 use super::readahead::ReadAhead;
-use super::sys::{self, FsCreds, SysResult};
 use super::watch::{NameChange, Watcher};
 use super::writers::Writers;
 use super::Export;
+use crate::backend::{Backend, SysResult};
 
 enum Handle {
     File(OwnedFd),
@@ -147,7 +147,7 @@ impl ExportFs {
         let root = export
             .root_fd()
             .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        let nodes = NodeTable::new(root, export.budget.clone())?;
+        let nodes = NodeTable::new(root, export.budget.clone(), export.host.clone())?;
         let watcher = if watch {
             match Watcher::new() {
                 Ok(w) => Some(w),
@@ -165,6 +165,7 @@ impl ExportFs {
             owner_gid: owner.1,
             can_switch: export.creds_switch,
         };
+        let readahead = ReadAhead::new(export.host.clone());
         let fs = ExportFs {
             ids,
             export,
@@ -179,7 +180,7 @@ impl ExportFs {
             foreign_writers: DashMap::new(),
             batches_seen: AtomicU64::new(0),
             locks: LockTable::default(),
-            readahead: ReadAhead::default(),
+            readahead,
             writers: Arc::default(),
             spares: DashMap::new(),
             lock_wake: None,
@@ -200,6 +201,11 @@ impl ExportFs {
             .get(ROOT_NODE)
             .map(|n| n.watched.load(Ordering::Relaxed))
             .unwrap_or(false)
+    }
+
+    /// The host's file system calls (backend/).
+    pub fn host(&self) -> &dyn Backend {
+        &*self.export.host
     }
 
     pub fn open_handles(&self) -> usize {
@@ -244,12 +250,12 @@ impl ExportFs {
     /// A readable stream of directory `node`'s entries.
     fn dir_stream(&self, node: NodeId) -> SysResult<OwnedFd> {
         let fd = self.dir_fd(node)?;
-        sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        self.host().open_dir(fd.as_fd())
     }
 
     fn getattr_node(&self, id: NodeId) -> SysResult<Attr> {
         let (_, fd) = self.node_fd(id)?;
-        let st = sys::fstat(fd.as_fd())?;
+        let st = self.host().stat(fd.as_fd())?;
         Ok(self.attr_of(&st, id))
     }
 
@@ -260,7 +266,7 @@ impl ExportFs {
         parent_fd: BorrowedFd<'_>,
         name: CString,
     ) -> SysResult<Entry> {
-        let fd = sys::open_path(parent_fd, &name)?;
+        let fd = self.host().open_node(parent_fd, &name)?;
         self.refuse_tether_mount(&fd, parent_fd, &name)?;
         self.entry_of(parent, fd, name)
     }
@@ -275,7 +281,7 @@ impl ExportFs {
         parent_fd: BorrowedFd<'_>,
         name: &std::ffi::CStr,
     ) -> SysResult<()> {
-        let Some((major, minor)) = sys::mount_root_device(fd.as_fd())? else {
+        let Some((major, minor)) = self.host().mount_root_device(fd.as_fd())? else {
             return Ok(());
         };
         let mounted = tether_sys::mountinfo::mount_of_device(major, minor)
@@ -284,7 +290,7 @@ impl ExportFs {
         if !mounted.is_some_and(|m| m.is_tether()) {
             return Ok(());
         }
-        let path = sys::fd_path(parent_fd).unwrap_or_default();
+        let path = self.host().fd_path(parent_fd).unwrap_or_default();
         let mut path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&path));
         path.push(std::ffi::OsStr::from_bytes(name.to_bytes()));
         if self
@@ -308,7 +314,7 @@ impl ExportFs {
     /// ([`ExportFs::entry_for`]), noting the watcher's batch count before the read.
     fn entry_of(&self, parent: NodeId, fd: OwnedFd, name: CString) -> SysResult<Entry> {
         let seen = self.batches_seen.load(Ordering::SeqCst);
-        let (st, birth) = sys::fstat_born(fd.as_fd())?;
+        let (st, birth) = self.host().stat_born(fd.as_fd())?;
         self.entry_for(parent, fd, (&st, birth), name, seen)
     }
 
@@ -366,7 +372,7 @@ impl ExportFs {
     fn state_now(&self, node: &Arc<Node>, st: libc::stat, new: bool) -> SysResult<libc::stat> {
         let fd = self.nodes.fd(node)?;
         let mut synced = node.synced_ctime.lock().unwrap();
-        let now = sys::fstat(fd.as_fd())?;
+        let now = self.host().stat(fd.as_fd())?;
         if (now.st_ctime, now.st_ctime_nsec) == (st.st_ctime, st.st_ctime_nsec) {
             return Ok(st);
         }
@@ -437,12 +443,19 @@ impl ExportFs {
         let ctime = |st: &libc::stat| (st.st_ctime, st.st_ctime_nsec);
         let mut held: Vec<_> = nodes
             .iter()
-            .map(|(n, fd)| (n.id, n.synced_ctime.lock().unwrap(), sys::fstat(*fd), *fd))
+            .map(|(n, fd)| {
+                (
+                    n.id,
+                    n.synced_ctime.lock().unwrap(),
+                    self.host().stat(*fd),
+                    *fd,
+                )
+            })
             .collect();
         let r = op();
         let mut states = Vec::with_capacity(held.len());
         for (id, synced, before, fd) in &mut held {
-            let after = sys::fstat(*fd).ok();
+            let after = self.host().stat(*fd).ok();
             states.push(after);
             let (Ok(before), Some(after)) = (before, after) else {
                 continue;
@@ -475,7 +488,7 @@ impl ExportFs {
         dir: BorrowedFd<'_>,
         name: &std::ffi::CStr,
     ) -> Option<Arc<Node>> {
-        let st = sys::fstatat_nofollow(dir, name).ok()?;
+        let st = self.host().stat_at(dir, name).ok()?;
         self.nodes.find(st.st_dev, st.st_ino)
     }
 
@@ -569,12 +582,10 @@ impl ExportFs {
     /// there, with its status and birth time. Its events are this session's own.
     fn make_unnamed(&self, caller: Caller, pfd: &OwnedFd) -> SysResult<Unnamed> {
         let file = self.as_caller(caller, || {
-            // The permissions most files get (BIND sets others); not O_EXCL, so that it can
-            // be linked.
-            let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC;
-            sys::openat(pfd.as_fd(), c".", flags, 0o644)
+            // The permissions most files get (BIND sets others).
+            self.host().open_unnamed(pfd.as_fd(), 0o644)
         })?;
-        let (st, birth) = sys::fstat_born(file.as_fd())?;
+        let (st, birth) = self.host().stat_born(file.as_fd())?;
         if let Some(w) = &self.watcher {
             w.made_unnamed(st.st_ino);
         }
@@ -602,7 +613,7 @@ impl ExportFs {
             return self.bind_spare(caller, (parent, &pfd, cname), node, perm, time);
         }
         if let Ok(held) = self.nodes.get(node) {
-            let st = sys::fstat(self.nodes.fd(&held)?.as_fd())?;
+            let st = self.host().stat(self.nodes.fd(&held)?.as_fd())?;
             let entry = Entry {
                 node,
                 generation: held.generation,
@@ -611,9 +622,9 @@ impl ExportFs {
             };
             return Ok(self.created(entry, 0, parent, &pfd));
         }
-        match sys::fstatat_nofollow(pfd.as_fd(), &cname) {
+        match self.host().stat_at(pfd.as_fd(), &cname) {
             Ok(st) if self.nodes.id_for(st.st_dev, st.st_ino) == node => {
-                let named = sys::open_path(pfd.as_fd(), &cname)?;
+                let named = self.host().open_node(pfd.as_fd(), &cname)?;
                 // Its one lookup is the one SPARES counted in the earlier session.
                 let mut entry = self.entry_of(parent, named, cname)?;
                 entry.flags |= entry_flags::NEW_FILE;
@@ -656,15 +667,14 @@ impl ExportFs {
         // The permissions, group and times first, through the unnamed file's own
         // descriptor: its events name it "#INO" and are dropped as this session's
         // (`Watcher::made_unnamed`), so the host and other guests hear only the creation.
-        let dir = sys::fstat(pfd.as_fd())?;
+        let dir = self.host().stat(pfd.as_fd())?;
         let group = if dir.st_mode & libc::S_ISGID != 0 {
             dir.st_gid
         } else {
-            // SAFETY: getegid cannot fail.
-            let own = unsafe { libc::getegid() };
+            let own = self.host().effective_gid();
             self.ids.creator(caller)?.map_or(own, |(_, gid)| gid)
         };
-        let st = sys::fstat(file.as_fd())?;
+        let st = self.host().stat(file.as_fd())?;
         let ts = libc::timespec {
             tv_sec: time.sec,
             tv_nsec: time.nsec as i64,
@@ -672,26 +682,28 @@ impl ExportFs {
         // Own changes of the node (its ctime moves), though nobody hears of them.
         let set_attributes = || {
             if st.st_gid != group {
-                sys::fchown_empty(file.as_fd(), None, Some(group))?;
+                self.host().chown(file.as_fd(), None, Some(group))?;
             }
             // As the caller, like the creation it finishes: the kernel keeps set-group-ID
             // only for a member of the file's group.
             self.as_caller(caller, || {
                 if st.st_mode & 0o7777 != perm || st.st_gid != group {
-                    sys::fchmod(file.as_fd(), perm)?;
+                    self.host().chmod(file.as_fd(), perm)?;
                 }
-                sys::utimens_empty(file.as_fd(), &[ts, ts])
+                self.host().utimens(file.as_fd(), &[ts, ts])
             })
         };
         self.own_change(&n, file.as_fd(), set_attributes, |before, _| before)?;
         let expect = [(parent, name.as_bytes(), NameChange::Created)];
         self.own_names(&expect, &[Some((n.clone(), file.clone()))], || {
-            self.as_caller(caller, || self.link_at(&file, pfd, &name))
+            self.as_caller(caller, || {
+                self.host().link_open(file.as_fd(), pfd.as_fd(), &name)
+            })
         })?;
         self.spares.remove(&node);
         // Found by its name: the node's descriptor and location from now on.
-        let named = sys::open_path(pfd.as_fd(), &name)?;
-        let (st, birth) = sys::fstat_born(named.as_fd())?;
+        let named = self.host().open_node(pfd.as_fd(), &name)?;
+        let (st, birth) = self.host().stat_born(named.as_fd())?;
         if !n.same_file(&st, birth) {
             // Replaced on the host between the link and now: the guest's file is not there.
             return Err(WireErrno::ESTALE);
@@ -709,7 +721,7 @@ impl ExportFs {
     fn created(&self, entry: Entry, fh: HandleId, parent: NodeId, pfd: &OwnedFd) -> Reply {
         let dir = self
             .dir_attr
-            .then(|| sys::fstat(pfd.as_fd()).ok())
+            .then(|| self.host().stat(pfd.as_fd()).ok())
             .flatten()
             .map(|st| Box::new(self.attr_of(&st, parent)));
         Reply::Create {
@@ -720,26 +732,12 @@ impl ExportFs {
         }
     }
 
-    /// Links the file `fd` refers to (which may have no name) into `dir` as `name`.
-    fn link_at(&self, fd: &OwnedFd, dir: &OwnedFd, name: &CStr) -> SysResult<()> {
-        sys::linkat(fd.as_fd(), c"", dir.as_fd(), name, libc::AT_EMPTY_PATH).or_else(|e| {
-            // Without CAP_DAC_READ_SEARCH, follow the /proc magic link instead.
-            if e == WireErrno::ENOENT || e == WireErrno::EPERM {
-                let proc_fd = self.export.proc_fd.as_fd();
-                let flags = libc::AT_SYMLINK_FOLLOW;
-                sys::linkat(proc_fd, &sys::fd_name(fd.as_fd()), dir.as_fd(), name, flags)
-            } else {
-                Err(e)
-            }
-        })
-    }
-
     /// Runs a creating syscall as the host user the id mapping gives the guest's caller, so
     /// the new file is theirs (or as the serving user, when squashing).
     fn as_caller<T>(&self, caller: Caller, f: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
         match self.ids.creator(caller)? {
             Some((uid, gid)) => {
-                let _creds = FsCreds::switch(uid, gid);
+                let _creds = self.host().creds_as(uid, gid);
                 f()
             }
             None => f(),
@@ -837,12 +835,7 @@ impl ExportFs {
 
     /// Opens the node's inode again through /proc/self/fd with real access flags.
     pub(super) fn reopen(&self, fd: &OwnedFd, flags: i32) -> SysResult<OwnedFd> {
-        sys::openat(
-            self.export.proc_fd.as_fd(),
-            &sys::fd_name(fd.as_fd()),
-            flags,
-            0,
-        )
+        self.host().reopen(fd.as_fd(), flags)
     }
 
     fn check_writable(&self, req: &Request) -> SysResult<()> {
@@ -869,7 +862,7 @@ impl ExportFs {
         if offset == 0 {
             self.started_reading(node);
         }
-        sys::pread(f.as_fd(), buf, offset)
+        self.host().pread(f.as_fd(), buf, offset)
     }
 
     /// The guest reads `node` from its start (its page cache had none of it): perhaps the
@@ -890,7 +883,7 @@ impl ExportFs {
         if !n.is_symlink() {
             return Err(WireErrno::EINVAL);
         }
-        sys::readlink_fd(fd.as_fd())
+        self.host().readlink(fd.as_fd())
     }
 
     /// Executes one request (all but read, which writes straight into the reply frame).
@@ -957,8 +950,8 @@ impl ExportFs {
                 if fh != 0 {
                     if let Ok(h) = self.handle(node, fh) {
                         let st = match &*h {
-                            Handle::File(f) => sys::fstat(f.as_fd())?,
-                            Handle::Dir(d) => sys::fstat(d.lock().unwrap().as_fd())?,
+                            Handle::File(f) => self.host().stat(f.as_fd())?,
+                            Handle::Dir(d) => self.host().stat(d.lock().unwrap().as_fd())?,
                         };
                         return Ok(Reply::Attr(self.attr_of(&st, node)));
                     }
@@ -987,7 +980,7 @@ impl ExportFs {
                     &[],
                     || {
                         self.as_caller(caller, || {
-                            sys::mknodat(pfd.as_fd(), &name, kind | perm, rdev)
+                            self.host().mknod_at(pfd.as_fd(), &name, kind | perm, rdev)
                         })
                     },
                 )?;
@@ -1005,7 +998,7 @@ impl ExportFs {
                 self.own_names(
                     &[(parent, name.as_bytes(), NameChange::Created)],
                     &[],
-                    || self.as_caller(caller, || sys::mkdirat(pfd.as_fd(), &name, perm)),
+                    || self.as_caller(caller, || self.host().mkdir_at(pfd.as_fd(), &name, perm)),
                 )?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
@@ -1015,8 +1008,10 @@ impl ExportFs {
                 // Another link of the file may remain: its link count and ctime change too.
                 let file = self.keep_if_held(parent, pfd.as_fd(), &name);
                 let change = [(parent, name.as_bytes(), NameChange::Deleted)];
-                self.own_names(&change, &[file], || sys::unlinkat(pfd.as_fd(), &name, 0))
-                    .map(|_| Reply::Empty)
+                self.own_names(&change, &[file], || {
+                    self.host().unlink_at(pfd.as_fd(), &name, 0)
+                })
+                .map(|_| Reply::Empty)
             }
             Rmdir { parent, name } => {
                 let name = component(&name)?;
@@ -1025,7 +1020,8 @@ impl ExportFs {
                 let removed = self.keep_if_held(parent, pfd.as_fd(), &name);
                 let change = [(parent, name.as_bytes(), NameChange::Deleted)];
                 self.own_names(&change, &[removed], || {
-                    sys::unlinkat(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
+                    self.host()
+                        .unlink_at(pfd.as_fd(), &name, libc::AT_REMOVEDIR)
                 })
                 .map(|_| Reply::Empty)
             }
@@ -1043,7 +1039,11 @@ impl ExportFs {
                 self.own_names(
                     &[(parent, name.as_bytes(), NameChange::Created)],
                     &[],
-                    || self.as_caller(caller, || sys::symlinkat(&target, pfd.as_fd(), &name)),
+                    || {
+                        self.as_caller(caller, || {
+                            self.host().symlink_at(&target, pfd.as_fd(), &name)
+                        })
+                    },
                 )?;
                 self.lookup_in(parent, pfd.as_fd(), name).map(Reply::Entry)
             }
@@ -1068,7 +1068,9 @@ impl ExportFs {
                 let expect = [(new_parent, new_name.as_bytes(), NameChange::Created)];
                 // The file's link count and ctime change: that is this session's change too.
                 let file = Some((n.clone(), fd.clone()));
-                self.own_names(&expect, &[file], || self.link_at(&fd, &pfd, &new_name))?;
+                self.own_names(&expect, &[file], || {
+                    self.host().link_open(fd.as_fd(), pfd.as_fd(), &new_name)
+                })?;
                 self.lookup_in(new_parent, pfd.as_fd(), new_name)
                     .map(Reply::Entry)
             }
@@ -1104,15 +1106,15 @@ impl ExportFs {
                 let created = self.own_names(&expect, &[], || {
                     self.as_caller(caller, || {
                         let excl = base | libc::O_CREAT | libc::O_EXCL;
-                        sys::openat(pfd.as_fd(), &name, excl, perm)
+                        self.host().open_at((pfd.as_fd(), &name), excl, perm)
                     })
                 });
                 let new_file = created.is_ok();
                 let f = match created {
                     Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
                         // Open what is there only if it is a regular file.
-                        let existing = sys::open_path(pfd.as_fd(), &name)?;
-                        let kind = sys::fstat(existing.as_fd())?.st_mode & libc::S_IFMT;
+                        let existing = self.host().open_node(pfd.as_fd(), &name)?;
+                        let kind = self.host().stat(existing.as_fd())?.st_mode & libc::S_IFMT;
                         if kind == libc::S_IFDIR {
                             return Err(WireErrno::EISDIR);
                         }
@@ -1168,7 +1170,7 @@ impl ExportFs {
                     &n,
                     f.as_fd(),
                     || {
-                        let written = sys::pwrite(f.as_fd(), &data, offset)?;
+                        let written = self.host().pwrite(f.as_fd(), &data, offset)?;
                         // A guest writer without CAP_FSETID (uid 0 stands for it, as for
                         // truncation) clears set-user-ID as a local write would; the server's own
                         // write, with its CAP_FSETID, would not (the guest kernel leaves this to the
@@ -1194,7 +1196,7 @@ impl ExportFs {
             }
             Statfs { node } => {
                 let (_, fd) = self.node_fd(node)?;
-                let s = sys::fstatvfs(fd.as_fd())?;
+                let s = self.host().statfs(fd.as_fd())?;
                 Ok(Reply::Statfs(tether_proto::Statfs {
                     blocks: s.f_blocks,
                     bfree: s.f_bfree,
@@ -1219,8 +1221,8 @@ impl ExportFs {
                     Arc::new(Handle::File(self.reopen(&fd, libc::O_RDONLY)?))
                 };
                 match &*h {
-                    Handle::File(f) => sys::fsync(f.as_fd(), datasync)?,
-                    Handle::Dir(d) => sys::fsync(d.lock().unwrap().as_fd(), datasync)?,
+                    Handle::File(f) => self.host().fsync(f.as_fd(), datasync)?,
+                    Handle::Dir(d) => self.host().fsync(d.lock().unwrap().as_fd(), datasync)?,
                 }
                 Ok(Reply::Empty)
             }
@@ -1238,7 +1240,10 @@ impl ExportFs {
                 self.own_change(
                     &n,
                     fd.as_fd(),
-                    || sys::setxattr(&sys::proc_path(fd.as_fd()), &name, &value, flags as i32),
+                    || {
+                        self.host()
+                            .setxattr(fd.as_fd(), &name, &value, flags as i32)
+                    },
                     |before, _| before,
                 )?;
                 Ok(Reply::Empty)
@@ -1249,16 +1254,14 @@ impl ExportFs {
                 if n.is_symlink() {
                     return Err(WireErrno::ENODATA);
                 }
-                let path = sys::proc_path(fd.as_fd());
-                xattr_reply(size, |buf| sys::getxattr(&path, &name, buf))
+                xattr_reply(size, |buf| self.host().getxattr(fd.as_fd(), &name, buf))
             }
             Listxattr { node, size } => {
                 let (n, fd) = self.node_fd(node)?;
                 if n.is_symlink() {
                     return xattr_reply(size, |_| Ok(0));
                 }
-                let path = sys::proc_path(fd.as_fd());
-                xattr_reply(size, |buf| sys::listxattr(&path, buf))
+                xattr_reply(size, |buf| self.host().listxattr(fd.as_fd(), buf))
             }
             Removexattr { node, name } => {
                 let name = xattr_name(&name)?;
@@ -1269,7 +1272,7 @@ impl ExportFs {
                 self.own_change(
                     &n,
                     fd.as_fd(),
-                    || sys::removexattr(&sys::proc_path(fd.as_fd()), &name),
+                    || self.host().removexattr(fd.as_fd(), &name),
                     |before, _| before,
                 )?;
                 Ok(Reply::Empty)
@@ -1307,11 +1310,7 @@ impl ExportFs {
             } => self.readdir(node, fh, offset, size, plus),
             Access { node, mask } => {
                 let (_, fd) = self.node_fd(node)?;
-                sys::faccessat(
-                    self.export.proc_fd.as_fd(),
-                    &sys::fd_name(fd.as_fd()),
-                    mask as i32,
-                )?;
+                self.host().access(fd.as_fd(), mask as i32)?;
                 Ok(Reply::Empty)
             }
             Fallocate {
@@ -1328,7 +1327,10 @@ impl ExportFs {
                 self.own_change(
                     &n,
                     f.as_fd(),
-                    || sys::fallocate(f.as_fd(), mode as i32, offset, length),
+                    || {
+                        self.host()
+                            .fallocate(f.as_fd(), mode as i32, offset, length)
+                    },
                     |before, _| match keeps_size {
                         true => before,
                         false => before.max(offset + length),
@@ -1344,7 +1346,7 @@ impl ExportFs {
             } => {
                 let h = self.file_for(node, fh, libc::O_RDONLY)?;
                 let Handle::File(f) = &*h else { unreachable!() };
-                let off = sys::lseek(f.as_fd(), offset, whence as i32)?;
+                let off = self.host().lseek(f.as_fd(), offset, whence as i32)?;
                 Ok(Reply::Lseek { offset: off })
             }
             CopyFileRange {
@@ -1369,7 +1371,10 @@ impl ExportFs {
                 let n = self.own_change(
                     &out,
                     fo.as_fd(),
-                    || sys::copy_file_range(fi.as_fd(), offset_in, fo.as_fd(), offset_out, len),
+                    || {
+                        let (from, to) = ((fi.as_fd(), offset_in), (fo.as_fd(), offset_out));
+                        self.host().copy_file_range(from, to, len)
+                    },
                     |before, &n| before.max(offset_out + n),
                 )?;
                 Ok(Reply::Written {
@@ -1395,7 +1400,7 @@ impl ExportFs {
             || self.apply_setattr(&n, &fd, fh, set, caller),
             |before, _| if resized { set.size } else { before },
         )?;
-        let st = sys::fstat(fd.as_fd())?;
+        let st = self.host().stat(fd.as_fd())?;
         Ok(self.attr_of(&st, node))
     }
 
@@ -1420,18 +1425,14 @@ impl ExportFs {
             if n.is_symlink() {
                 return Err(WireErrno::EOPNOTSUPP);
             }
-            sys::fchmodat(
-                self.export.proc_fd.as_fd(),
-                &sys::fd_name(fd.as_fd()),
-                set.mode & 0o7777,
-            )?;
+            self.host().chmod_node(fd.as_fd(), set.mode & 0o7777)?;
         }
         if set.valid & (setattr_valid::UID | setattr_valid::GID) != 0 {
             let uid = (set.valid & setattr_valid::UID != 0).then_some(set.uid);
             let gid = (set.valid & setattr_valid::GID != 0).then_some(set.gid);
             let (uid, gid) = self.ids.chown(uid, gid)?;
             if uid.is_some() || gid.is_some() {
-                sys::fchown_empty(fd.as_fd(), uid, gid)?;
+                self.host().chown(fd.as_fd(), uid, gid)?;
             }
         }
         if set.valid & setattr_valid::SIZE != 0 {
@@ -1439,12 +1440,13 @@ impl ExportFs {
                 return Err(WireErrno::EISDIR);
             }
             match file_fd {
-                Some(f) => sys::ftruncate(f, set.size)?,
-                None => sys::truncate_path(&sys::proc_path(fd.as_fd()), set.size)?,
+                Some(f) => self.host().truncate(f, set.size)?,
+                None => self.host().truncate_node(fd.as_fd(), set.size)?,
             }
         }
         if set.atime != SetTime::Omit || set.mtime != SetTime::Omit {
-            sys::utimens_empty(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
+            self.host()
+                .utimens(fd.as_fd(), &[settime(set.atime), settime(set.mtime)])?;
         }
         if set.valid & setattr_valid::KILL_SUIDGID != 0 {
             self.kill_suidgid(fd, caller)?;
@@ -1457,7 +1459,7 @@ impl ExportFs {
     /// group-executable or the caller is neither in its group nor root (the caller's gid
     /// stands for its groups here, and uid 0 for the capability).
     fn kill_suidgid(&self, fd: &OwnedFd, caller: Caller) -> SysResult<()> {
-        let st = sys::fstat(fd.as_fd())?;
+        let st = self.host().stat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(());
         }
@@ -1469,7 +1471,7 @@ impl ExportFs {
             mode &= !libc::S_ISGID;
         }
         if mode != st.st_mode & 0o7777 {
-            sys::fchmodat(self.export.proc_fd.as_fd(), &sys::fd_name(fd.as_fd()), mode)?;
+            self.host().chmod_node(fd.as_fd(), mode)?;
         }
         Ok(())
     }
@@ -1509,10 +1511,11 @@ impl ExportFs {
         let moved = (self.held_by_name(pfd.as_fd(), &name)).and_then(|n| self.with_fd(n));
         let files = [moved, target];
         self.own_names(&expect, &files, || {
-            sys::renameat2(pfd.as_fd(), &name, npfd.as_fd(), &new_name, flags)
+            let (from, to) = ((pfd.as_fd(), &*name), (npfd.as_fd(), &*new_name));
+            self.host().rename_at(from, to, flags)
         })?;
         // Keep the moved nodes findable by name should their descriptors be evicted.
-        if let Ok(st) = sys::fstatat_nofollow(npfd.as_fd(), &new_name) {
+        if let Ok(st) = self.host().stat_at(npfd.as_fd(), &new_name) {
             self.nodes.moved(
                 self.nodes.id_for(st.st_dev, st.st_ino),
                 new_parent,
@@ -1520,7 +1523,7 @@ impl ExportFs {
             );
         }
         if flags & libc::RENAME_EXCHANGE != 0 {
-            if let Ok(st) = sys::fstatat_nofollow(pfd.as_fd(), &name) {
+            if let Ok(st) = self.host().stat_at(pfd.as_fd(), &name) {
                 self.nodes
                     .moved(self.nodes.id_for(st.st_dev, st.st_ino), parent, name);
             }
@@ -1550,7 +1553,7 @@ impl ExportFs {
         let mut budget = size as usize;
         let mut entries = Vec::new();
         let mut failure = None;
-        let ended = sys::read_dir(dir.as_fd(), offset, |raw| {
+        let ended = self.host().read_dir(dir.as_fd(), offset, &mut |raw| {
             let need = tether_proto::fuse_dirent_size(raw.name.len(), plus);
             if need > budget {
                 return false;

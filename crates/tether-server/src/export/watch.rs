@@ -90,7 +90,7 @@ pub struct Watcher {
 impl Watcher {
     pub fn new() -> io::Result<Watcher> {
         // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let inotify = super::sys::new_fd(unsafe {
+        let inotify = crate::backend::sys::new_fd(unsafe {
             libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC)
         })?;
         Ok(Watcher {
@@ -114,7 +114,7 @@ impl Watcher {
     /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
     /// refuses (watch limit reached): that directory falls back to revalidation.
     pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
-        let path = super::sys::proc_path(fd.as_fd());
+        let path = crate::backend::sys::proc_path(fd.as_fd());
         // SAFETY: valid C string; the watch follows the magic link to the directory itself.
         let wd = unsafe { libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {
