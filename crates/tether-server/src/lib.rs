@@ -5,7 +5,12 @@
 
 pub mod backend;
 pub mod export;
+pub mod nodes;
 pub mod session;
+pub mod watch;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

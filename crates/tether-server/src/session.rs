@@ -23,6 +23,7 @@ use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic}
 use tether_transport::Stream;
 
 use crate::export::{Export, ExportFs, LockWake};
+use crate::watch::coalesce::Watch;
 use crate::Drain;
 
 /// Numbers the sessions of this process, for [`LockWake`].
@@ -145,7 +146,7 @@ pub fn run_session(
         hello.features & (features::IO_BY_NODE | features::DIR_END | features::ORDERED_WRITES);
     if watch {
         granted |= features::PUSH_INVALIDATE;
-        if fs.host_events {
+        if fs.host_events() {
             granted |= features::HOST_EVENTS;
         }
         // Attributes after a creation or a write serve only a client that may cache them
@@ -201,7 +202,11 @@ pub fn run_session(
         let (fs, writer, stop) = (fs.clone(), writer.clone(), stop.clone());
         thread::Builder::new()
             .name("tether-watch".into())
-            .spawn(move || push_changes(&fs, &pusher, &writer, &stop))
+            .spawn(move || {
+                if let Some(watch) = &fs.watch {
+                    push_changes(watch, &pusher, &writer, &stop)
+                }
+            })
             .expect("spawn watcher")
     });
     let lock_pusher = watch.then(|| {
@@ -294,9 +299,9 @@ struct Pusher {
 
 impl Pusher {
     /// Reads the changes queued now, without waiting, and writes their pushes.
-    fn push_queued(&self, fs: &ExportFs, writer: &SharedWriter) -> io::Result<()> {
+    fn push_queued(&self, watch: &Watch, writer: &SharedWriter) -> io::Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
-        let changes = fs.queued_changes();
+        let changes = watch.queued_changes();
         if changes.is_empty() {
             return Ok(());
         }
@@ -311,12 +316,12 @@ impl Pusher {
 /// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
 /// Waits for the watch queues without holding the [`Pusher`], so a SYNC never waits for
 /// the 2 ms the watcher lets events gather.
-fn push_changes(fs: &ExportFs, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
+fn push_changes(watch: &Watch, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
-        if !fs.wait_for_changes(Duration::from_millis(200)) {
+        if !watch.wait(Duration::from_millis(200)) {
             continue;
         }
-        if pusher.push_queued(fs, writer).is_err() {
+        if pusher.push_queued(watch, writer).is_err() {
             return;
         }
     }
@@ -363,8 +368,8 @@ fn worker(
         if h.op == Op::Sync as u16 {
             // The barrier: every change queued by now is pushed before the reply. A session
             // that does not watch has nothing to push (and answers at once).
-            if let Some(p) = pusher {
-                p.push_queued(fs, writer)?;
+            if let (Some(p), Some(watch)) = (pusher, &fs.watch) {
+                p.push_queued(watch, writer)?;
             }
         }
         if let Some(frame) = handle_frame(fs, h, body)? {

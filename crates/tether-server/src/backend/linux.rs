@@ -1,7 +1,7 @@
 //! The Linux backend: node descriptors are O_PATH, objects are reopened for I/O (and
 //! chmod, access, xattrs, truncate) through /proc/self/fd, status comes from statx with the
 //! birth time, locks are OFD locks, renames take renameat2's flags, spare files are
-//! O_TMPFILE. Each call is one wrapper of [`sys`](super::sys).
+//! O_TMPFILE. Each call is one wrapper of [`sys`].
 
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

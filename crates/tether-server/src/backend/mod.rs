@@ -176,7 +176,7 @@ pub trait Backend: Send + Sync {
     // Credentials.
 
     /// Makes this thread create files as `uid`:`gid`; returns the ids it had, for
-    /// [`Backend::restore_creds`]. Use [`creds_as`](trait.Backend.html#method.creds_as).
+    /// [`Backend::restore_creds`]. Use `<dyn Backend>::creds_as`.
     fn switch_creds(&self, uid: u32, gid: u32) -> (u32, u32);
     fn restore_creds(&self, old: (u32, u32));
     /// The group files get when made without switching credentials.
@@ -191,7 +191,7 @@ impl dyn Backend + '_ {
     }
 }
 
-/// The thread's credentials before [`Backend::creds_as`], put back when dropped.
+/// The thread's credentials before `creds_as`, put back when dropped.
 #[must_use]
 pub struct CredsGuard<'a> {
     host: &'a dyn Backend,

@@ -3,15 +3,16 @@
 //! Every operation names a node the server issued and at most one path component; names are
 //! checked, and every syscall is relative to a held descriptor with no-follow flags.
 
-mod changes;
-mod foreign;
 pub mod ids;
 mod locks;
-mod nodes;
 mod ops;
 mod readahead;
-pub mod watch;
 mod writers;
+
+/// The inotify record parser, where `tether::bench::latency` finds it.
+pub mod watch {
+    pub use crate::watch::inotify::records;
+}
 
 use std::ffi::CString;
 use std::io;
@@ -19,15 +20,15 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use changes::Changes;
 pub use ids::{IdMap, SessionIds};
 pub use locks::{LockWaits, LockWake};
-pub use nodes::{FdBudget, Node, NodeTable};
 pub use ops::ExportFs;
 use tether_proto::WireErrno;
 
 use crate::backend::linux::Linux;
 use crate::backend::{sys, Backend};
+pub use crate::nodes::{FdBudget, Node, NodeTable};
+pub use crate::watch::coalesce::Changes;
 
 /// Settings and state shared by every session of one export.
 pub struct Export {

@@ -15,12 +15,14 @@ use tether_proto::{
 
 use super::ids::SessionIds;
 use super::locks::{LockTable, LockWake};
-use super::nodes::{Node, NodeTable};
 use super::readahead::ReadAhead;
-use super::watch::{NameChange, Watcher};
 use super::writers::Writers;
 use super::Export;
 use crate::backend::{Backend, SysResult};
+use crate::nodes::{Node, NodeTable};
+use crate::watch::coalesce::Watch;
+use crate::watch::linux::LinuxWatcher;
+use crate::watch::NameChange;
 
 enum Handle {
     File(OwnedFd),
@@ -30,14 +32,13 @@ enum Handle {
 
 pub struct ExportFs {
     pub export: Arc<Export>,
-    pub nodes: NodeTable,
+    pub nodes: Arc<NodeTable>,
     /// Open handles, each with the node it was opened on: a request must name both.
     handles: DashMap<HandleId, (NodeId, Arc<Handle>)>,
     next_handle: AtomicU64,
-    /// Present when the client asked for pushed invalidations.
-    pub watcher: Option<Watcher>,
-    /// The client also wants the host changes behind the invalidations (HOST_EVENTS).
-    pub host_events: bool,
+    /// Present when the client asked for pushed invalidations: the changes to push come
+    /// from here.
+    pub watch: Option<Watch>,
     /// CREATE replies carry the parent directory's attributes (feature DIR_ATTR).
     pub dir_attr: bool,
     /// WRITE replies carry the file's attributes (feature WRITE_ATTR).
@@ -46,11 +47,6 @@ pub struct ExportFs {
     pub dir_end: bool,
     /// CREATE opens no handle (feature CREATE_NO_HANDLE).
     pub create_no_handle: bool,
-    /// Files (dev, ino) someone other than this session changed and has not closed yet.
-    pub(super) foreign_writers: DashMap<(u64, u64), ()>,
-    /// Batches of watch events taken in hand so far, counted before any is looked at: a
-    /// lookup during which it moved may have had its change told to nobody (`state_now`).
-    pub(super) batches_seen: AtomicU64,
     /// Ownership as this session's guest sees it.
     pub ids: SessionIds,
     /// The host descriptions that carry this session's guest locks (locks.rs).
@@ -136,7 +132,7 @@ fn settime(t: SetTime) -> libc::timespec {
 
 impl ExportFs {
     /// A session's view of the export; with `watch`, changes to what the client holds are
-    /// reported by [`ExportFs::changes`], with the host events behind them if `host_events`.
+    /// reported by [`ExportFs::watch`], with the host events behind them if `host_events`.
     /// Files appear owned by guest `owner` (uid, gid) where the export squashes ownership.
     pub fn new(
         export: Arc<Export>,
@@ -147,10 +143,11 @@ impl ExportFs {
         let root = export
             .root_fd()
             .map_err(|e| WireErrno::from_host(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        let nodes = NodeTable::new(root, export.budget.clone(), export.host.clone())?;
-        let watcher = if watch {
-            match Watcher::new() {
-                Ok(w) => Some(w),
+        let host = export.host.clone();
+        let nodes = Arc::new(NodeTable::new(root, export.budget.clone(), host.clone())?);
+        let watch = if watch {
+            match LinuxWatcher::new() {
+                Ok(w) => Some(Watch::new(Box::new(w), nodes.clone(), host, host_events)),
                 Err(e) => {
                     tracing::warn!("cannot watch the export ({e}): the client will revalidate");
                     None
@@ -172,25 +169,20 @@ impl ExportFs {
             nodes,
             handles: DashMap::new(),
             next_handle: AtomicU64::new(1),
-            host_events: host_events && watcher.is_some(),
             dir_attr: false,
             write_attr: false,
             dir_end: false,
             create_no_handle: false,
-            foreign_writers: DashMap::new(),
-            batches_seen: AtomicU64::new(0),
             locks: LockTable::default(),
             readahead,
             writers: Arc::default(),
             spares: DashMap::new(),
             lock_wake: None,
-            watcher,
+            watch,
         };
-        if let Some(w) = &fs.watcher {
+        if let Some(w) = &fs.watch {
             let (root, fd) = fs.node_fd(ROOT_NODE)?;
-            if w.watch(ROOT_NODE, &fd) {
-                root.watched.store(true, Ordering::Relaxed);
-            }
+            w.watch_dir(&root, &fd);
         }
         Ok(fs)
     }
@@ -201,6 +193,11 @@ impl ExportFs {
             .get(ROOT_NODE)
             .map(|n| n.watched.load(Ordering::Relaxed))
             .unwrap_or(false)
+    }
+
+    /// Whether the client also gets the host changes behind its invalidations.
+    pub fn host_events(&self) -> bool {
+        self.watch.as_ref().is_some_and(|w| w.host_events())
     }
 
     /// The host's file system calls (backend/).
@@ -233,10 +230,8 @@ impl ExportFs {
         }
     }
 
-    pub(super) fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
-        let node = self.nodes.get(id)?;
-        let fd = self.nodes.fd(&node)?;
-        Ok((node, fd))
+    pub(crate) fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        self.nodes.node_fd(id)
     }
 
     fn dir_fd(&self, id: NodeId) -> SysResult<Arc<OwnedFd>> {
@@ -313,15 +308,15 @@ impl ExportFs {
     /// Reads the status of `fd` (found as `name` in `parent`) and records the lookup
     /// ([`ExportFs::entry_for`]), noting the watcher's batch count before the read.
     fn entry_of(&self, parent: NodeId, fd: OwnedFd, name: CString) -> SysResult<Entry> {
-        let seen = self.batches_seen.load(Ordering::SeqCst);
+        let seen = self.watch.as_ref().map_or(0, |w| w.batches_seen());
         let (st, birth) = self.host().stat_born(fd.as_fd())?;
         self.entry_for(parent, fd, (&st, birth), name, seen)
     }
 
     /// Records a lookup of `fd` (found as `name` in `parent`, its status `st` read when
-    /// [`ExportFs::batches_seen`] was `seen`), watching it if it is a new directory, and
+    /// [`Watch::batches_seen`] was `seen`), watching it if it is a new directory, and
     /// builds its entry.
-    pub(super) fn entry_for(
+    pub(crate) fn entry_for(
         &self,
         parent: NodeId,
         fd: OwnedFd,
@@ -332,15 +327,13 @@ impl ExportFs {
         let (node, new) = self.nodes.remember(fd, (st, birth), parent, name);
         let mut st = *st;
         let mut flags = 0;
-        if let Some(w) = &self.watcher {
-            if self.batches_seen.load(Ordering::SeqCst) != seen {
+        if let Some(w) = &self.watch {
+            if w.batches_seen() != seen {
                 st = self.state_now(&node, st, new)?;
             }
             if node.is_dir() && !node.watched.load(Ordering::Relaxed) {
                 let fd = self.nodes.fd(&node)?;
-                if w.watch(node.id, &fd) {
-                    node.watched.store(true, Ordering::Relaxed);
-                }
+                w.watch_dir(&node, &fd);
             }
             let parent_watched = self
                 .nodes
@@ -388,7 +381,7 @@ impl ExportFs {
     /// gives the size the change leaves from the size before it and the change's result:
     /// a host change that came in the same moment and left another size is then not taken
     /// for the session's own (its echo is pushed).
-    pub(super) fn own_change<T>(
+    pub(crate) fn own_change<T>(
         &self,
         node: &Node,
         fd: BorrowedFd<'_>,
@@ -431,71 +424,20 @@ impl ExportFs {
     /// which the caller may reply with: empty when this session does not watch.
     fn own_changes_sized<T>(
         &self,
-        mut nodes: Vec<(&Node, BorrowedFd<'_>)>,
+        nodes: Vec<(&Node, BorrowedFd<'_>)>,
         op: impl FnOnce() -> SysResult<T>,
         size_after: impl Fn(u64, &T) -> Option<u64>,
     ) -> (SysResult<T>, Vec<Option<libc::stat>>) {
-        if self.watcher.is_none() {
-            return (op(), Vec::new());
+        match &self.watch {
+            Some(w) => w.own_changes(nodes, op, size_after),
+            None => (op(), Vec::new()),
         }
-        nodes.sort_by_key(|(n, _)| n.id);
-        nodes.dedup_by_key(|(n, _)| n.id);
-        let ctime = |st: &libc::stat| (st.st_ctime, st.st_ctime_nsec);
-        let mut held: Vec<_> = nodes
-            .iter()
-            .map(|(n, fd)| {
-                (
-                    n.id,
-                    n.synced_ctime.lock().unwrap(),
-                    self.host().stat(*fd),
-                    *fd,
-                )
-            })
-            .collect();
-        let r = op();
-        let mut states = Vec::with_capacity(held.len());
-        for (id, synced, before, fd) in &mut held {
-            let after = self.host().stat(*fd).ok();
-            states.push(after);
-            let (Ok(before), Some(after)) = (before, after) else {
-                continue;
-            };
-            if ctime(before) != **synced {
-                continue;
-            }
-            let size_now = after.st_size as u64;
-            let expected = r
-                .as_ref()
-                .ok()
-                .and_then(|v| size_after(before.st_size as u64, v));
-            if expected.is_some_and(|s| s != size_now) {
-                tracing::debug!(
-                    node = *id,
-                    ?expected,
-                    size_now,
-                    "a host change came with an own change"
-                );
-                continue;
-            }
-            **synced = ctime(&after);
-        }
-        (r, states)
-    }
-
-    /// The node the client holds for the file `name` in `dir`, if any.
-    pub(super) fn held_by_name(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
-    ) -> Option<Arc<Node>> {
-        let st = self.host().stat_at(dir, name).ok()?;
-        self.nodes.find(st.st_dev, st.st_ino)
     }
 
     /// `node` with its descriptor, for [`own_names`](Self::own_names): only a watching
     /// session tracks its own changes.
     fn with_fd(&self, node: Arc<Node>) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
-        self.watcher.as_ref()?;
+        self.watch.as_ref()?;
         let fd = self.nodes.fd(&node).ok()?;
         Some((node, fd))
     }
@@ -510,7 +452,7 @@ impl ExportFs {
         dir: BorrowedFd<'_>,
         name: &std::ffi::CStr,
     ) -> Option<(Arc<Node>, Arc<OwnedFd>)> {
-        let node = self.held_by_name(dir, name)?;
+        let node = self.nodes.held_at(dir, name)?;
         self.nodes.name_removed(&node, parent, name);
         // Its space goes with its last name, not when an idle write descriptor closes.
         self.writers.forget(node.id);
@@ -526,7 +468,7 @@ impl ExportFs {
         files: &[Option<(Arc<Node>, Arc<OwnedFd>)>],
         op: impl FnOnce() -> SysResult<T>,
     ) -> SysResult<T> {
-        let Some(w) = &self.watcher else { return op() };
+        let Some(w) = &self.watch else { return op() };
         let dirs: Vec<_> = changes
             .iter()
             .filter_map(|(dir, _, _)| self.node_fd(*dir).ok())
@@ -586,7 +528,7 @@ impl ExportFs {
             self.host().open_unnamed(pfd.as_fd(), 0o644)
         })?;
         let (st, birth) = self.host().stat_born(file.as_fd())?;
-        if let Some(w) = &self.watcher {
+        if let Some(w) = &self.watch {
             w.made_unnamed(st.st_ino);
         }
         Ok((file, st, birth))
@@ -666,7 +608,7 @@ impl ExportFs {
         };
         // The permissions, group and times first, through the unnamed file's own
         // descriptor: its events name it "#INO" and are dropped as this session's
-        // (`Watcher::made_unnamed`), so the host and other guests hear only the creation.
+        // (`Watch::made_unnamed`), so the host and other guests hear only the creation.
         let dir = self.host().stat(pfd.as_fd())?;
         let group = if dir.st_mode & libc::S_ISGID != 0 {
             dir.st_gid
@@ -936,12 +878,8 @@ impl ExportFs {
                     self.forget_locks(gone.id);
                     self.spares.remove(&gone.id);
                     self.writers.forget(gone.id);
-                    if let Some(w) = &self.watcher {
-                        if gone.watched.load(Ordering::Relaxed) {
-                            // Not reopened for this: a forgotten node's reopened descriptor
-                            // would stay in the budget.
-                            w.unwatch(gone.id, gone.open_fd().as_deref());
-                        }
+                    if let Some(w) = &self.watch {
+                        w.forgotten(&gone);
                     }
                 }
                 Ok(Reply::Empty)
@@ -1504,11 +1442,11 @@ impl ExportFs {
         let target = if flags & libc::RENAME_EXCHANGE == 0 {
             self.keep_if_held(new_parent, npfd.as_fd(), &new_name)
         } else {
-            (self.held_by_name(npfd.as_fd(), &new_name)).and_then(|n| self.with_fd(n))
+            (self.nodes.held_at(npfd.as_fd(), &new_name)).and_then(|n| self.with_fd(n))
         };
         // A rename changes the moved file's ctime, and the replaced (or exchanged) one's:
         // this session's change, not the host's.
-        let moved = (self.held_by_name(pfd.as_fd(), &name)).and_then(|n| self.with_fd(n));
+        let moved = (self.nodes.held_at(pfd.as_fd(), &name)).and_then(|n| self.with_fd(n));
         let files = [moved, target];
         self.own_names(&expect, &files, || {
             let (from, to) = ((pfd.as_fd(), &*name), (npfd.as_fd(), &*new_name));

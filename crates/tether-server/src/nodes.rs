@@ -18,7 +18,7 @@
 //! number gets a synthetic id of its own, and the old node answers ESTALE.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -430,6 +430,19 @@ impl NodeTable {
                 left == 0
             })
             .map(|(_, n)| n)
+    }
+
+    /// Node `id` and its descriptor (reopened if it was evicted).
+    pub fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        let node = self.get(id)?;
+        let fd = self.fd(&node)?;
+        Ok((node, fd))
+    }
+
+    /// The node the client holds for the file `name` in `dir`, if any.
+    pub fn held_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Arc<Node>> {
+        let st = self.host.stat_at(dir, name).ok()?;
+        self.find(st.st_dev, st.st_ino)
     }
 
     /// The node for a host inode, if the client holds it.
