@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod export;
 pub mod nodes;
+pub mod ops;
 pub mod session;
 pub mod watch;
 

@@ -23,6 +23,7 @@ use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic}
 use tether_transport::Stream;
 
 use crate::export::{Export, ExportFs, LockWake};
+use crate::ops;
 use crate::watch::coalesce::Watch;
 use crate::Drain;
 
@@ -165,7 +166,7 @@ pub fn run_session(
     fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
     let (lock_tx, lock_rx) = std::sync::mpsc::channel();
     if watch {
-        fs.lock_wake = Some(LockWake {
+        fs.locks.wake = Some(LockWake {
             session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
             tx: lock_tx,
         });
@@ -328,7 +329,7 @@ fn push_changes(watch: &Watch, pusher: &Pusher, writer: &SharedWriter, stop: &At
 }
 
 /// Sends the client LOCK_FREED pushes: nodes it was refused a lock on that another session
-/// has since freed (locks.rs, `LockWaits`).
+/// has since freed (export/locks.rs, `LockWaits`).
 fn push_lock_wakes(rx: &Receiver<NodeId>, writer: &SharedWriter, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         let first = match rx.recv_timeout(Duration::from_millis(200)) {
@@ -536,10 +537,12 @@ pub fn handle_frame(
             size,
         } => {
             let size = (size as usize).min(MAX_FRAME_LEN - 64);
-            data_reply_frame(h.op, h.id, size, |buf| fs.read_into(node, fh, offset, buf))
+            data_reply_frame(h.op, h.id, size, |buf| {
+                ops::io::read_into(fs, node, fh, offset, buf)
+            })
         }
         req => {
-            let r = fs.dispatch(caller, req);
+            let r = ops::dispatch(fs, caller, req);
             reply_frame(h.op, h.id, &r)
         }
     };

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use tether_proto::{Caller, Invalidation, NodeId, Reply, Request, ROOT_NODE};
 
 use crate::export::{Export, ExportFs, ExportOptions};
+use crate::ops;
 
 fn watched_session(dir: &Path) -> ExportFs {
     let export = Export::open(dir, &ExportOptions::default()).unwrap();
@@ -26,7 +27,7 @@ fn lookup(fs: &ExportFs, name: &'static [u8]) -> NodeId {
         parent: ROOT_NODE,
         name: Bytes::from_static(name),
     };
-    match fs.dispatch(caller, req).unwrap() {
+    match ops::dispatch(fs, caller, req).unwrap() {
         Reply::Entry(e) => e.node,
         other => panic!("lookup: {other:?}"),
     }
@@ -86,9 +87,7 @@ fn size_answered_after_a_write_overtakes(meanwhile: impl FnOnce(&ExportFs)) -> u
     std::fs::write(dir.path().join("f"), vec![b'x'; 4096]).unwrap();
     drain(&fs);
     meanwhile(&fs);
-    let entry = fs
-        .entry_for(ROOT_NODE, fd, (&before, birth), name, seen)
-        .unwrap();
+    let entry = ops::lookup::entry_for(&fs, ROOT_NODE, fd, (&before, birth), name, seen).unwrap();
     entry.attr.size
 }
 
@@ -137,7 +136,7 @@ fn a_write_reply_carries_the_state_the_echo_check_read() {
         offset: 8,
         data: Bytes::from_static(b"appended"),
     };
-    let Reply::Written { size, attr } = fs.dispatch(caller, write).unwrap() else {
+    let Reply::Written { size, attr } = ops::dispatch(&fs, caller, write).unwrap() else {
         panic!("write")
     };
     let host = std::fs::metadata(dir.path().join("f")).unwrap();
@@ -158,7 +157,7 @@ fn a_write_reply_carries_the_state_the_echo_check_read() {
 /// Found by tether-fsx with the writeback cache: a host write in the moment between a
 /// session's own write and its look at the ctime after it (which then includes the
 /// host's write) was taken for the echo of the own write, and the guest kept its old
-/// pages. fanotify names the writer (foreign.rs).
+/// pages. fanotify names the writer (watch/fanotify.rs).
 #[test]
 fn a_host_write_during_an_own_write_is_pushed() {
     let dir = tempfile::tempdir().unwrap();
@@ -212,7 +211,7 @@ fn own_changes_in_a_new_directory_are_not_echoed_when_read_late() {
         gid: 0,
         pid: 1,
     };
-    let run = |req| fs.dispatch(caller, req).unwrap();
+    let run = |req| ops::dispatch(&fs, caller, req).unwrap();
     let name = Bytes::from_static;
     let mkdir = |parent, dir: &'static [u8]| {
         let req = Request::Mkdir {

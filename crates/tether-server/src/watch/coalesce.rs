@@ -72,7 +72,7 @@ pub struct Watch {
     /// Files (dev, ino) someone other than this session changed and has not closed yet.
     foreign_writers: DashMap<(u64, u64), ()>,
     /// Batches of events taken in hand so far, counted before any is looked at: a lookup
-    /// during which it moved may have had its change told to nobody (ops, `state_now`).
+    /// during which it moved may have had its change told to nobody (ops/lookup.rs, `state_now`).
     batches_seen: AtomicU64,
 }
 
@@ -179,7 +179,7 @@ impl Watch {
     pub fn queued_changes(&self) -> Changes {
         let (events, mut by_others) = match self.watcher.drain() {
             Ok(Batch::Events(e, foreign)) => {
-                // Before any node is looked for (ops, `state_now`).
+                // Before any node is looked for (ops/lookup.rs, `state_now`).
                 if !e.is_empty() || !foreign.is_empty() {
                     self.batches_seen.fetch_add(1, Ordering::SeqCst);
                 }
