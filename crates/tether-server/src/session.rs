@@ -1,7 +1,7 @@
 //! One client connection: handshake, then a pool of workers that take turns reading the
 //! next request, execute requests concurrently and write each reply as soon as it is ready
 //! (out of order); a watcher thread writes pushed invalidations on the same stream (and a
-//! worker that reads a SYNC writes those queued so far before its reply: [`Pusher`]), and
+//! worker that reads a SYNC writes those queued so far before its reply: `Pusher`), and
 //! another the locks other sessions freed (LOCK_FREED).
 
 use std::io::{self, Write};
@@ -22,10 +22,10 @@ use tether_proto::{
 use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
 use tether_transport::Stream;
 
+use crate::drain::Drain;
 use crate::export::{Export, ExportFs, LockWake};
 use crate::ops;
 use crate::watch::coalesce::Watch;
-use crate::Drain;
 
 /// Numbers the sessions of this process, for [`LockWake`].
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);

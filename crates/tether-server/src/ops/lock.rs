@@ -12,7 +12,8 @@
 //! one, so a waiting lock never holds a server worker and can be interrupted in the guest.
 //! A session refused a lock is told (push LOCK_FREED) when another session of the export
 //! releases or downgrades one on the same file, so that its waiters need not wait for their
-//! next try ([`LockWaits`]); a host process's release is not seen, and is found by polling.
+//! next try ([`LockWaits`](crate::export::locks::LockWaits)); a host process's release is
+//! not seen, and is found by polling.
 //!
 //! One exception to "locks pass straight through": SQLite's WAL index (`DB-shm`). WAL needs
 //! every process using the database to share that file's memory, which a guest and the

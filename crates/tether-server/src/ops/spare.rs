@@ -24,7 +24,7 @@ type Unnamed = (OwnedFd, libc::stat, Option<(i64, u32)>);
 
 /// SPARES: up to `count` unnamed files in `parent`, made as the caller would make a file
 /// there (owner, group), each held once by the client. Fewer when the session holds
-/// [`MAX_SPARES`] already; an error only when none could be made (a file system without
+/// `MAX_SPARES` already; an error only when none could be made (a file system without
 /// O_TMPFILE answers EOPNOTSUPP).
 pub fn spares(fs: &ExportFs, caller: Caller, parent: NodeId, count: u32) -> SysResult<Reply> {
     let pfd = fs.dir_fd(parent)?;
