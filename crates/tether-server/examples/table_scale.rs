@@ -3,15 +3,18 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Instant;
 
-use tether_server::export::{sys, FdBudget, NodeTable};
+use tether_server::backend::{linux::Linux, sys};
+use tether_server::export::{FdBudget, NodeTable};
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let root: OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
     let dev = sys::fstat(root.as_fd()).unwrap().st_dev;
-    let table = NodeTable::new(root.try_clone().unwrap(), FdBudget::new(4096)).unwrap();
+    let host = Arc::new(Linux::open().unwrap());
+    let table = NodeTable::new(root.try_clone().unwrap(), FdBudget::new(4096), host).unwrap();
     // SAFETY: libc::stat is plain old data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     st.st_dev = dev;

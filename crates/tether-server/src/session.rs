@@ -1,7 +1,7 @@
 //! One client connection: handshake, then a pool of workers that take turns reading the
 //! next request, execute requests concurrently and write each reply as soon as it is ready
 //! (out of order); a watcher thread writes pushed invalidations on the same stream (and a
-//! worker that reads a SYNC writes those queued so far before its reply: [`Pusher`]), and
+//! worker that reads a SYNC writes those queued so far before its reply: `Pusher`), and
 //! another the locks other sessions freed (LOCK_FREED).
 
 use std::io::{self, Write};
@@ -22,8 +22,10 @@ use tether_proto::{
 use tether_transport::framed::{read_frame, read_magic, write_frame, write_magic};
 use tether_transport::Stream;
 
+use crate::drain::Drain;
 use crate::export::{Export, ExportFs, LockWake};
-use crate::Drain;
+use crate::ops;
+use crate::watch::coalesce::Watch;
 
 /// Numbers the sessions of this process, for [`LockWake`].
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -145,7 +147,7 @@ pub fn run_session(
         hello.features & (features::IO_BY_NODE | features::DIR_END | features::ORDERED_WRITES);
     if watch {
         granted |= features::PUSH_INVALIDATE;
-        if fs.host_events {
+        if fs.host_events() {
             granted |= features::HOST_EVENTS;
         }
         // Attributes after a creation or a write serve only a client that may cache them
@@ -164,7 +166,7 @@ pub fn run_session(
     fs.create_no_handle = granted & features::CREATE_NO_HANDLE != 0;
     let (lock_tx, lock_rx) = std::sync::mpsc::channel();
     if watch {
-        fs.lock_wake = Some(LockWake {
+        fs.locks.wake = Some(LockWake {
             session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
             tx: lock_tx,
         });
@@ -201,7 +203,11 @@ pub fn run_session(
         let (fs, writer, stop) = (fs.clone(), writer.clone(), stop.clone());
         thread::Builder::new()
             .name("tether-watch".into())
-            .spawn(move || push_changes(&fs, &pusher, &writer, &stop))
+            .spawn(move || {
+                if let Some(watch) = &fs.watch {
+                    push_changes(watch, &pusher, &writer, &stop)
+                }
+            })
             .expect("spawn watcher")
     });
     let lock_pusher = watch.then(|| {
@@ -294,9 +300,9 @@ struct Pusher {
 
 impl Pusher {
     /// Reads the changes queued now, without waiting, and writes their pushes.
-    fn push_queued(&self, fs: &ExportFs, writer: &SharedWriter) -> io::Result<()> {
+    fn push_queued(&self, watch: &Watch, writer: &SharedWriter) -> io::Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
-        let changes = fs.queued_changes();
+        let changes = watch.queued_changes();
         if changes.is_empty() {
             return Ok(());
         }
@@ -311,19 +317,19 @@ impl Pusher {
 /// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
 /// Waits for the watch queues without holding the [`Pusher`], so a SYNC never waits for
 /// the 2 ms the watcher lets events gather.
-fn push_changes(fs: &ExportFs, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
+fn push_changes(watch: &Watch, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
-        if !fs.wait_for_changes(Duration::from_millis(200)) {
+        if !watch.wait(Duration::from_millis(200)) {
             continue;
         }
-        if pusher.push_queued(fs, writer).is_err() {
+        if pusher.push_queued(watch, writer).is_err() {
             return;
         }
     }
 }
 
 /// Sends the client LOCK_FREED pushes: nodes it was refused a lock on that another session
-/// has since freed (locks.rs, `LockWaits`).
+/// has since freed (export/locks.rs, `LockWaits`).
 fn push_lock_wakes(rx: &Receiver<NodeId>, writer: &SharedWriter, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         let first = match rx.recv_timeout(Duration::from_millis(200)) {
@@ -363,8 +369,8 @@ fn worker(
         if h.op == Op::Sync as u16 {
             // The barrier: every change queued by now is pushed before the reply. A session
             // that does not watch has nothing to push (and answers at once).
-            if let Some(p) = pusher {
-                p.push_queued(fs, writer)?;
+            if let (Some(p), Some(watch)) = (pusher, &fs.watch) {
+                p.push_queued(watch, writer)?;
             }
         }
         if let Some(frame) = handle_frame(fs, h, body)? {
@@ -531,10 +537,12 @@ pub fn handle_frame(
             size,
         } => {
             let size = (size as usize).min(MAX_FRAME_LEN - 64);
-            data_reply_frame(h.op, h.id, size, |buf| fs.read_into(node, fh, offset, buf))
+            data_reply_frame(h.op, h.id, size, |buf| {
+                ops::io::read_into(fs, node, fh, offset, buf)
+            })
         }
         req => {
-            let r = fs.dispatch(caller, req);
+            let r = ops::dispatch(fs, caller, req);
             reply_frame(h.op, h.id, &r)
         }
     };

@@ -3,8 +3,10 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
-use tether_server::export::{sys, FdBudget, NodeTable};
+use tether_server::backend::{linux::Linux, sys};
+use tether_server::export::{FdBudget, NodeTable};
 
 fn fake_stat(dev: u64, ino: u64) -> libc::stat {
     // SAFETY: libc::stat is plain old data; all-zero is a valid value.
@@ -21,7 +23,8 @@ fn a_million_nodes_stay_addressable_with_bounded_descriptors() {
     let root: OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
     let dev = sys::fstat(root.as_fd()).unwrap().st_dev;
     let budget = FdBudget::new(1000);
-    let table = NodeTable::new(root.try_clone().unwrap(), budget.clone()).unwrap();
+    let host = Arc::new(Linux::open().unwrap());
+    let table = NodeTable::new(root.try_clone().unwrap(), budget.clone(), host).unwrap();
     const N: u64 = 1_000_000;
     for i in 0..N {
         let fd = root.try_clone().unwrap();

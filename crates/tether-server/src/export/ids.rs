@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use tether_proto::{Caller, IdMapping, WireErrno};
 
-use super::sys::SysResult;
+use crate::backend::SysResult;
 
 /// The id unmapped host ids appear as (the kernel's overflow id).
 pub const OVERFLOW_ID: u32 = 65534;

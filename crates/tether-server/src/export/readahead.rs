@@ -7,14 +7,14 @@
 //! only for `stat` is never read ahead.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tether_proto::NodeId;
 
-use super::sys;
+use crate::backend::Backend;
 
 /// Two files of one directory read from their start within this time make a walk.
 const WALK_WINDOW: Duration = Duration::from_millis(500);
@@ -37,8 +37,8 @@ enum Seen {
     Done(Instant),
 }
 
-#[derive(Default)]
 pub struct ReadAhead {
+    host: Arc<dyn Backend>,
     dirs: Mutex<HashMap<NodeId, Seen>>,
     /// The thread's queue, started with the first walk; the thread ends with the session
     /// (when this is dropped). None if it could not be started.
@@ -46,6 +46,14 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
+    pub fn new(host: Arc<dyn Backend>) -> ReadAhead {
+        ReadAhead {
+            host,
+            dirs: Mutex::default(),
+            queue: OnceLock::new(),
+        }
+    }
+
     /// The guest read the start of `file` in directory `dir`. Returns true when that makes
     /// a walk through `dir`, which the caller then opens and hands to [`ReadAhead::queue`].
     pub fn started_reading(&self, dir: NodeId, file: NodeId) -> bool {
@@ -74,9 +82,10 @@ impl ReadAhead {
     pub fn queue(&self, dir: OwnedFd) {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = sync_channel(QUEUE);
+            let host = self.host.clone();
             let spawned = std::thread::Builder::new()
                 .name("tether-readahead".into())
-                .spawn(move || run(rx));
+                .spawn(move || run(rx, &*host));
             spawned
                 .inspect_err(|e| tracing::warn!("no read-ahead thread: {e}"))
                 .ok()
@@ -88,10 +97,10 @@ impl ReadAhead {
     }
 }
 
-fn run(rx: Receiver<OwnedFd>) {
+fn run(rx: Receiver<OwnedFd>, host: &dyn Backend) {
     for dir in rx.iter() {
         let mut names = Vec::new();
-        let _ = sys::read_dir(dir.as_fd(), 0, |e| {
+        let _ = host.read_dir(dir.as_fd(), 0, &mut |e| {
             if e.kind == libc::DT_REG {
                 names.push(e.name);
             }
@@ -102,9 +111,8 @@ fn run(rx: Receiver<OwnedFd>) {
                 continue;
             };
             let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-            if let Ok(f) = sys::openat(dir.as_fd(), &name, flags, 0) {
-                // SAFETY: a descriptor we own; readahead only fills the page cache.
-                unsafe { libc::readahead(f.as_raw_fd(), 0, PER_FILE) };
+            if let Ok(f) = host.open_at((dir.as_fd(), &name), flags, 0) {
+                host.readahead(f.as_fd(), PER_FILE);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! Thin, safe wrappers over the `*at()` syscalls the export uses. Every call is relative to a
+//! Thin, safe wrappers over the Linux syscalls the server uses: the [`Linux`](super::linux)
+//! backend's calls and the Linux watchers' (inotify, fanotify). Every call is relative to a
 //! descriptor the server holds; none of them resolves a multi-component path from the guest.
 
 use std::ffi::{CStr, CString};
@@ -7,7 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
-pub type SysResult<T> = Result<T, WireErrno>;
+use super::{At, RangeLock, RawDirEntry, SysResult};
 
 fn last_errno() -> WireErrno {
     WireErrno::from_host(
@@ -17,20 +18,13 @@ fn last_errno() -> WireErrno {
     )
 }
 
-fn cvt(ret: libc::c_int) -> SysResult<libc::c_int> {
-    if ret < 0 {
-        Err(last_errno())
-    } else {
-        Ok(ret)
-    }
+/// A syscall's return value: negative when it failed, with the error in errno.
+fn cvt<T: Default + PartialOrd>(ret: T) -> SysResult<T> {
+    (ret >= T::default()).then_some(ret).ok_or_else(last_errno)
 }
 
 fn cvt_isize(ret: isize) -> SysResult<usize> {
-    if ret < 0 {
-        Err(last_errno())
-    } else {
-        Ok(ret as usize)
-    }
+    cvt(ret).map(|n| n as usize)
 }
 
 /// The /proc path of a descriptor, for the calls that take only a path (xattrs, truncate,
@@ -196,44 +190,21 @@ pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<(
     cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
 }
 
-pub fn renameat2(
-    old_dir: BorrowedFd<'_>,
-    old: &CStr,
-    new_dir: BorrowedFd<'_>,
-    new: &CStr,
-    flags: u32,
-) -> SysResult<()> {
-    // SAFETY: valid C strings; renameat2 does not retain them.
-    cvt(unsafe {
-        libc::renameat2(
-            old_dir.as_raw_fd(),
-            old.as_ptr(),
-            new_dir.as_raw_fd(),
-            new.as_ptr(),
-            flags,
-        )
-    })
-    .map(drop)
+/// A name in a directory as the *at calls take it.
+fn raw_at((dir, name): At<'_>) -> (RawFd, *const libc::c_char) {
+    (dir.as_raw_fd(), name.as_ptr())
 }
 
-pub fn linkat(
-    old_dir: BorrowedFd<'_>,
-    old: &CStr,
-    new_dir: BorrowedFd<'_>,
-    new: &CStr,
-    flags: i32,
-) -> SysResult<()> {
+pub fn renameat2(from: At<'_>, to: At<'_>, flags: u32) -> SysResult<()> {
+    let ((old_dir, old), (new_dir, new)) = (raw_at(from), raw_at(to));
+    // SAFETY: valid C strings; renameat2 does not retain them.
+    cvt(unsafe { libc::renameat2(old_dir, old, new_dir, new, flags) }).map(drop)
+}
+
+pub fn linkat(from: At<'_>, to: At<'_>, flags: i32) -> SysResult<()> {
+    let ((old_dir, old), (new_dir, new)) = (raw_at(from), raw_at(to));
     // SAFETY: valid C strings.
-    cvt(unsafe {
-        libc::linkat(
-            old_dir.as_raw_fd(),
-            old.as_ptr(),
-            new_dir.as_raw_fd(),
-            new.as_ptr(),
-            flags,
-        )
-    })
-    .map(drop)
+    cvt(unsafe { libc::linkat(old_dir, old, new_dir, new, flags) }).map(drop)
 }
 
 /// Reads the target of the symlink `fd` refers to (an O_PATH descriptor).
@@ -365,6 +336,12 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
     .map(drop)
 }
 
+/// readahead(2) of the first `len` bytes: a hint, whose result does not matter.
+pub fn readahead(fd: BorrowedFd<'_>, len: usize) {
+    // SAFETY: a valid descriptor; readahead only fills the page cache.
+    unsafe { libc::readahead(fd.as_raw_fd(), 0, len) };
+}
+
 pub fn fstatvfs(fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: writable buffer of the right size.
@@ -424,35 +401,25 @@ pub fn faccessat(dir: BorrowedFd<'_>, name: &CStr, mask: i32) -> SysResult<()> {
     cvt(unsafe { libc::faccessat(dir.as_raw_fd(), name.as_ptr(), mask, 0) }).map(drop)
 }
 
+/// Where an xattr call writes: a null pointer for an empty buffer, which asks for the size.
+fn xattr_out(buf: &mut [u8]) -> *mut libc::c_void {
+    if buf.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        buf.as_mut_ptr().cast()
+    }
+}
+
 pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-    // SAFETY: buf is writable for its length (a null pointer with length 0 asks for the size).
-    cvt_isize(unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            if buf.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                buf.as_mut_ptr().cast()
-            },
-            buf.len(),
-        )
-    })
+    let (out, len) = (xattr_out(buf), buf.len());
+    // SAFETY: `out` is null or writable for `len` bytes.
+    cvt_isize(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), out, len) })
 }
 
 pub fn listxattr(path: &CStr, buf: &mut [u8]) -> SysResult<usize> {
+    let (out, len) = (xattr_out(buf), buf.len());
     // SAFETY: as for getxattr.
-    cvt_isize(unsafe {
-        libc::listxattr(
-            path.as_ptr(),
-            if buf.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                buf.as_mut_ptr().cast()
-            },
-            buf.len(),
-        )
-    })
+    cvt_isize(unsafe { libc::listxattr(path.as_ptr(), out.cast(), len) })
 }
 
 pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
@@ -472,14 +439,6 @@ pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> SysResult
 pub fn removexattr(path: &CStr, name: &CStr) -> SysResult<()> {
     // SAFETY: valid C strings.
     cvt(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
-}
-
-/// One entry read from a directory stream.
-pub struct RawDirEntry {
-    pub ino: u64,
-    pub next_offset: u64,
-    pub kind: u8,
-    pub name: Vec<u8>,
 }
 
 /// Reads directory entries from `fd` starting at `offset` (a cookie from an earlier entry,
@@ -532,31 +491,24 @@ pub fn read_dir(
 }
 
 /// Switches this thread's filesystem uid and gid (Linux setfsuid/setfsgid are per thread),
-/// so files the guest creates belong to the guest's caller. Restored on drop.
-pub struct FsCreds {
-    old_uid: u32,
-    old_gid: u32,
-}
-
-impl FsCreds {
-    pub fn switch(uid: u32, gid: u32) -> FsCreds {
-        // SAFETY: setfsgid/setfsuid only change this thread's fs credentials and return
-        // the previous values.
-        unsafe {
-            let old_gid = libc::setfsgid(gid) as u32;
-            let old_uid = libc::setfsuid(uid) as u32;
-            FsCreds { old_uid, old_gid }
-        }
+/// so files the guest creates belong to the guest's caller; returns the previous ones, for
+/// [`restore_fs_ids`].
+pub fn switch_fs_ids(uid: u32, gid: u32) -> (u32, u32) {
+    // SAFETY: setfsgid/setfsuid only change this thread's fs credentials and return
+    // the previous values.
+    unsafe {
+        let old_gid = libc::setfsgid(gid) as u32;
+        let old_uid = libc::setfsuid(uid) as u32;
+        (old_uid, old_gid)
     }
 }
 
-impl Drop for FsCreds {
-    fn drop(&mut self) {
-        // SAFETY: restoring the values setfs*id returned.
-        unsafe {
-            libc::setfsuid(self.old_uid);
-            libc::setfsgid(self.old_gid);
-        }
+/// Puts back what [`switch_fs_ids`] returned.
+pub fn restore_fs_ids((old_uid, old_gid): (u32, u32)) {
+    // SAFETY: restoring the values setfs*id returned.
+    unsafe {
+        libc::setfsuid(old_uid);
+        libc::setfsgid(old_gid);
     }
 }
 
@@ -575,30 +527,6 @@ pub fn raise_nofile_limit() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
     lim.rlim_cur
-}
-
-/// One byte-range lock as fcntl describes it; `len` 0 runs to the end of the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RangeLock {
-    /// F_RDLCK, F_WRLCK or F_UNLCK.
-    pub typ: i16,
-    pub start: i64,
-    pub len: i64,
-    /// The holder's pid for a conflicting process-owned lock; -1 for an open file
-    /// description's lock.
-    pub pid: i32,
-}
-
-impl RangeLock {
-    /// A request (pid 0, as OFD locks need) for `len` bytes from `start` (0: to the end).
-    pub fn request(typ: libc::c_int, start: i64, len: i64) -> RangeLock {
-        RangeLock {
-            typ: typ as i16,
-            start,
-            len,
-            pid: 0,
-        }
-    }
 }
 
 fn flock_struct(l: &RangeLock) -> libc::flock {

@@ -1,21 +1,19 @@
-//! Watching what the client holds: one inotify instance per session, one watch per
+//! inotify, for the Linux watcher (linux.rs): one instance per session, one watch per
 //! directory node. A watch on a directory reports changes to the directory's entries and to
 //! the content and attributes of the files in it, which is everything the guest caches.
-//!
-//! Linux only (inotify); another host needs another implementation of this module
-//! (FSEvents on macOS, ReadDirectoryChangesW on Windows) with the same surface.
+//! Its records become [`WatchEvent`]s of the directories' nodes.
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use super::foreign::{Drained, ForeignChanged, ForeignChanges};
+use super::{Change, NameChange, WatchEvent};
+use crate::backend::sys;
 
 /// What is watched on each directory.
 const MASK: u32 = libc::IN_MODIFY
@@ -32,54 +30,12 @@ const MASK: u32 = libc::IN_MODIFY
 // No IN_DONT_FOLLOW: the watch is added through the /proc/self/fd magic link, which must be
 // followed to reach the directory the server holds (and only that directory).
 
-/// How long the watcher lets events gather after the first one wakes it. A guest writing or
-/// creating files makes three or four events per file, each of which would wake the watcher
-/// (and preempt the worker answering the guest) on its own; gathered, inotify also merges
-/// repeats (a file's IN_MODIFY per write). Small against the 50 ms a host change may take
-/// to show.
-const SETTLE: Duration = Duration::from_millis(2);
-
-/// How long an expected echo of the session's own change is kept.
-const EXPECTATION_TTL: Duration = Duration::from_secs(10);
-
-/// A change to a name in a directory, as inotify reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NameChange {
-    Created,
-    Deleted,
-    MovedFrom,
-    MovedTo,
-}
-
-/// One inotify event, resolved to the watched directory's node.
-#[derive(Debug, Clone)]
-pub struct WatchEvent {
-    pub dir: NodeId,
-    pub mask: u32,
-    /// Pairs the two halves of a rename.
-    pub cookie: u32,
-    pub name: Option<Vec<u8>>,
-}
-
-pub enum Batch {
-    /// The events, and the files in watched directories another process changed
-    /// (foreign.rs; empty without fanotify).
-    Events(Vec<WatchEvent>, ForeignChanged),
-    /// The kernel dropped events: everything must be considered changed.
-    Overflow,
-}
-
-pub struct Watcher {
-    inotify: OwnedFd,
+/// One session's inotify instance and its watches.
+pub struct Inotify {
+    fd: OwnedFd,
     by_wd: DashMap<i32, NodeId>,
     by_node: DashMap<NodeId, i32>,
-    /// Name changes this session made itself and whose events it will see: (dir, name, kind)
-    /// -> (count, when). Creates and deletes of one name alternate, and moves carry cookies,
-    /// so inotify never merges two of them: matching them one for one is exact.
-    expected: DashMap<(NodeId, Vec<u8>, NameChange), (u32, Instant)>,
     failed: AtomicUsize,
-    /// Which process changed a file, where the kernel can tell.
-    foreign: Option<ForeignChanges>,
     /// Inode numbers of this session's spare files (SPARES) whose descriptor is still open.
     /// Events through it name the file "#INO" in the directory it was made in (the kernel's
     /// name for an unnamed file), whatever its name is by then: closing it (IN_CLOSE_WRITE,
@@ -87,36 +43,30 @@ pub struct Watcher {
     unnamed: Mutex<HashSet<u64>>,
 }
 
-impl Watcher {
-    pub fn new() -> io::Result<Watcher> {
+impl Inotify {
+    pub fn new() -> io::Result<Inotify> {
         // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let inotify = super::sys::new_fd(unsafe {
-            libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC)
-        })?;
-        Ok(Watcher {
-            inotify,
+        let fd = sys::new_fd(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+        Ok(Inotify {
+            fd,
             by_wd: DashMap::new(),
             by_node: DashMap::new(),
-            expected: DashMap::new(),
             failed: AtomicUsize::new(0),
             unnamed: Mutex::default(),
-            foreign: ForeignChanges::new()
-                .inspect_err(|e| {
-                    tracing::info!(
-                        "no fanotify ({e}): a host write in the moment of a guest write to the \
-                         same file may go unnoticed"
-                    )
-                })
-                .ok(),
         })
+    }
+
+    /// The descriptor to poll.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
     /// refuses (watch limit reached): that directory falls back to revalidation.
     pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
-        let path = super::sys::proc_path(fd.as_fd());
+        let path = sys::proc_path(fd.as_fd());
         // SAFETY: valid C string; the watch follows the magic link to the directory itself.
-        let wd = unsafe { libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), MASK) };
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {
             let err = io::Error::last_os_error();
             if self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -134,72 +84,16 @@ impl Watcher {
         }
         self.by_wd.insert(wd, node);
         self.by_node.insert(node, wd);
-        if let Some(f) = &self.foreign {
-            f.mark(node, fd.as_fd());
-        }
         true
     }
 
-    /// Stops watching directory `node`; `fd`, if the server still has it, lets fanotify's
-    /// mark go too.
-    pub fn unwatch(&self, node: NodeId, fd: Option<&OwnedFd>) {
-        if let Some(f) = &self.foreign {
-            f.unmark(node, fd.map(|fd| fd.as_fd()));
-        }
+    /// Stops watching directory `node`.
+    pub fn unwatch(&self, node: NodeId) {
         if let Some((_, wd)) = self.by_node.remove(&node) {
             self.by_wd.remove(&wd);
             // SAFETY: removing a watch descriptor of our own inotify instance.
-            unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
+            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
         }
-    }
-
-    /// Whether changes are reported with the process that made them (foreign.rs).
-    pub fn tells_writers(&self) -> bool {
-        self.foreign.is_some()
-    }
-
-    /// Directories the kernel refused to watch so far.
-    pub fn unwatched(&self) -> usize {
-        self.failed.load(Ordering::Relaxed)
-    }
-
-    pub fn watching(&self) -> usize {
-        self.by_wd.len()
-    }
-
-    /// Records that this session is about to make `change` to `name` in `dir`.
-    pub fn expect(&self, dir: NodeId, name: &[u8], change: NameChange) {
-        let mut e = self
-            .expected
-            .entry((dir, name.to_vec(), change))
-            .or_insert((0, Instant::now()));
-        e.0 += 1;
-        e.1 = Instant::now();
-    }
-
-    /// Withdraws an expectation whose change did not happen (the operation failed).
-    pub fn unexpect(&self, dir: NodeId, name: &[u8], change: NameChange) {
-        let key = (dir, name.to_vec(), change);
-        self.expected.remove_if_mut(&key, |_, v| {
-            v.0 -= 1;
-            v.0 == 0
-        });
-    }
-
-    /// True (and consumed) when the event is the echo of this session's own change.
-    pub fn is_own(&self, dir: NodeId, name: &[u8], change: NameChange) -> bool {
-        let key = (dir, name.to_vec(), change);
-        let mut own = false;
-        self.expected.remove_if_mut(&key, |_, v| {
-            own = v.1.elapsed() < EXPECTATION_TTL;
-            v.0 -= 1;
-            v.0 == 0 || !own
-        });
-        own
-    }
-
-    fn forget_expectations(&self) {
-        self.expected.clear();
     }
 
     /// This session made spare file `ino` and holds it open (see `unnamed`).
@@ -228,62 +122,20 @@ impl Watcher {
         true
     }
 
-    /// Waits up to `timeout` for events and returns all that are queued.
-    pub fn read(&self, timeout: Duration) -> io::Result<Batch> {
-        if !self.wait(timeout) {
-            return Ok(Batch::Events(Vec::new(), ForeignChanged::new()));
-        }
-        self.read_queued()
-    }
-
-    /// Waits up to `timeout` for an event to be queued, then [`SETTLE`] for more to gather;
-    /// true if there is something to read (which another thread may read first).
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let pollfd = |fd: i32| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut pfds = vec![pollfd(self.inotify.as_raw_fd())];
-        if let Some(f) = &self.foreign {
-            pfds.push(pollfd(f.fd().as_raw_fd()));
-        }
-        // SAFETY: valid pollfds.
-        let n = unsafe {
-            libc::poll(
-                pfds.as_mut_ptr(),
-                pfds.len() as libc::nfds_t,
-                timeout.as_millis() as i32,
-            )
-        };
-        if n <= 0 {
-            return false;
-        }
-        std::thread::sleep(SETTLE);
-        true
-    }
-
-    /// Returns every event queued now, without waiting: each change a system call completed
-    /// before this call queued its events in it (a SYNC relies on this).
-    pub fn read_queued(&self) -> io::Result<Batch> {
+    /// Reads every event queued now (never waits) through `buf`; None when the kernel
+    /// dropped events.
+    pub fn read_queued(&self, buf: &mut [u8]) -> Option<Vec<WatchEvent>> {
         let mut events = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
         loop {
             // SAFETY: buf is writable for its length.
-            let len = unsafe {
-                libc::read(
-                    self.inotify.as_fd().as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
+            let len =
+                unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if len <= 0 {
-                break;
+                return Some(events);
             }
             for r in records(&buf[..len as usize]) {
                 if r.mask & libc::IN_Q_OVERFLOW != 0 {
-                    self.forget_expectations();
-                    return Ok(Batch::Overflow);
+                    return None;
                 }
                 if r.mask & libc::IN_IGNORED != 0 {
                     if let Some((_, node)) = self.by_wd.remove(&r.wd) {
@@ -295,27 +147,27 @@ impl Watcher {
                     continue;
                 }
                 if let Some(dir) = self.by_wd.get(&r.wd).map(|n| *n) {
-                    events.push(WatchEvent {
-                        dir,
-                        mask: r.mask,
-                        cookie: r.cookie,
-                        name: (!r.name.is_empty()).then(|| r.name.to_vec()),
-                    });
+                    events.push(event(dir, &r));
                 }
             }
         }
-        // After the inotify events: a change's fanotify event is queued in the same call as
-        // its inotify event, so it is found here (or, if read a moment too early, with the
-        // next batch: see `ExportFs::changes`).
-        let foreign = match self.foreign.as_ref().map(|f| f.drain(&mut buf)) {
-            Some(Drained::Overflow) => {
-                self.forget_expectations();
-                return Ok(Batch::Overflow);
-            }
-            Some(Drained::Changed(c)) => c,
-            None => ForeignChanged::new(),
-        };
-        Ok(Batch::Events(events, foreign))
+    }
+}
+
+/// The event record `r` reports in directory `dir`.
+fn event(dir: NodeId, r: &Record<'_>) -> WatchEvent {
+    let change = match name_change(r.mask) {
+        Some(change) => Change::Name {
+            change,
+            cookie: r.cookie,
+            is_dir: r.mask & libc::IN_ISDIR != 0,
+        },
+        None => Change::Content(changed_bits(r.mask)),
+    };
+    WatchEvent {
+        dir,
+        name: (!r.name.is_empty()).then(|| r.name.to_vec()),
+        change,
     }
 }
 
@@ -348,7 +200,7 @@ pub fn records(buf: &[u8]) -> impl Iterator<Item = Record<'_>> {
 }
 
 /// The name change an event reports, if it is one.
-pub fn name_change(mask: u32) -> Option<NameChange> {
+fn name_change(mask: u32) -> Option<NameChange> {
     if mask & libc::IN_CREATE != 0 {
         Some(NameChange::Created)
     } else if mask & libc::IN_DELETE != 0 {
@@ -363,7 +215,7 @@ pub fn name_change(mask: u32) -> Option<NameChange> {
 }
 
 /// The [`changed`](tether_proto::changed) bits of a content or attribute event.
-pub fn changed_bits(mask: u32) -> u8 {
+fn changed_bits(mask: u32) -> u8 {
     use tether_proto::changed;
     let mut bits = 0;
     if mask & libc::IN_MODIFY != 0 {
@@ -384,7 +236,7 @@ mod tests {
 
     #[test]
     fn events_through_a_spare_files_descriptor_are_dropped_until_its_close() {
-        let w = Watcher::new().unwrap();
+        let w = Inotify::new().unwrap();
         let event = |mask, name: &'static [u8]| Record {
             wd: 1,
             mask,

@@ -1,8 +1,8 @@
-//! Who changed a file: fanotify, beside the inotify watches (watch.rs), reports the content
-//! and attribute changes of the files in each watched directory together with the process
-//! that made them.
+//! Who changed a file: fanotify, beside the inotify watches (inotify.rs) of the Linux
+//! watcher (linux.rs), reports the content and attribute changes of the files in each
+//! watched directory together with the process that made them.
 //!
-//! The echo of a session's own change is recognised by the file's ctime (changes.rs): if
+//! The echo of a session's own change is recognised by the file's ctime (echo.rs): if
 //! the ctime after the session's own write is the one the event finds, the client saw
 //! everything. A host write in the moment between the session's write and its look at the
 //! ctime leaves no trace in it (with multigrain timestamps it may not even change the
@@ -15,14 +15,14 @@
 //! Best effort: without fanotify (an older kernel, a file system without file handles) a
 //! directory is watched by inotify alone, as before.
 
-use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use super::sys;
+use super::ForeignChanged;
+use crate::backend::sys;
 
 /// The changes reported: content, attributes, a close after writing; of the directory's
 /// entries.
@@ -38,9 +38,6 @@ const MAX_HANDLE_SZ: usize = 128;
 
 /// A directory as fanotify names it: its file system's id and its file handle.
 type DirKey = Vec<u8>;
-
-/// Files changed by another process: (directory node, name).
-pub type ForeignChanged = HashSet<(NodeId, Vec<u8>)>;
 
 pub struct ForeignChanges {
     fan: OwnedFd,

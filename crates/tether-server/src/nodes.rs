@@ -18,7 +18,7 @@
 //! number gets a synthetic id of its own, and the old node answers ESTALE.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -26,7 +26,7 @@ use crossbeam_queue::SegQueue;
 use dashmap::DashMap;
 use tether_proto::{NodeId, WireErrno, ROOT_NODE};
 
-use super::sys::{self, SysResult};
+use crate::backend::{Backend, SysResult};
 
 /// Where a node was last seen, to find it again after its descriptor was closed.
 #[derive(Clone)]
@@ -102,13 +102,14 @@ impl Node {
     /// all (unlinked while the guest holds it, typically open). Closing such a descriptor
     /// would turn every later request for the node, I/O on the open file included, into
     /// ESTALE.
-    fn refindable(&self) -> bool {
+    fn refindable(&self, host: &dyn Backend) -> bool {
         if self.pinned.load(Ordering::SeqCst) {
             return false;
         }
         let fd = self.fd.read().unwrap().clone();
         match fd {
-            Some(fd) => sys::fstat(fd.as_fd())
+            Some(fd) => host
+                .stat(fd.as_fd())
                 .map(|st| st.st_nlink > 0)
                 .unwrap_or(true),
             None => true,
@@ -156,7 +157,7 @@ impl FdBudget {
         self.evicted.load(Ordering::Relaxed)
     }
 
-    fn opened(&self, node: &Arc<Node>) {
+    fn opened(&self, node: &Arc<Node>, host: &dyn Backend) {
         self.open.fetch_add(1, Ordering::Relaxed);
         self.order.push(Arc::downgrade(node));
         // One pass over the queue at most: the root and nodes that could not be found again
@@ -170,7 +171,7 @@ impl FdBudget {
             let Some(old) = self.order.pop() else { break };
             let Some(old) = old.upgrade() else { continue };
             let strict = self.open.load(Ordering::Relaxed) > hard_cap;
-            if old.id == ROOT_NODE || (!strict && !old.refindable()) {
+            if old.id == ROOT_NODE || (!strict && !old.refindable(host)) {
                 self.order.push(Arc::downgrade(&old));
                 continue;
             }
@@ -210,13 +211,18 @@ pub struct NodeTable {
     root_dev: u64,
     root_ino: u64,
     budget: Arc<FdBudget>,
+    host: Arc<dyn Backend>,
 }
 
 const FOREIGN_BASE: u64 = 1 << 63;
 
 impl NodeTable {
-    pub fn new(root_fd: OwnedFd, budget: Arc<FdBudget>) -> SysResult<NodeTable> {
-        let st = sys::fstat(root_fd.as_fd())?;
+    pub fn new(
+        root_fd: OwnedFd,
+        budget: Arc<FdBudget>,
+        host: Arc<dyn Backend>,
+    ) -> SysResult<NodeTable> {
+        let st = host.stat(root_fd.as_fd())?;
         let table = NodeTable {
             nodes: DashMap::new(),
             foreign: DashMap::new(),
@@ -225,6 +231,7 @@ impl NodeTable {
             root_dev: st.st_dev,
             root_ino: st.st_ino,
             budget: budget.clone(),
+            host: host.clone(),
         };
         let root = Arc::new(Node {
             id: ROOT_NODE,
@@ -232,7 +239,7 @@ impl NodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             kind: libc::S_IFDIR,
-            birth: sys::fstat_born(root_fd.as_fd())
+            birth: (host.stat_born(root_fd.as_fd()))
                 .ok()
                 .and_then(|(_, birth)| birth),
             fd: RwLock::new(Some(Arc::new(root_fd))),
@@ -243,7 +250,7 @@ impl NodeTable {
             watched: AtomicBool::new(false),
             pinned: AtomicBool::new(false),
         });
-        budget.opened(&root);
+        budget.opened(&root, &*host);
         table.nodes.insert(ROOT_NODE, root);
         Ok(table)
     }
@@ -285,7 +292,7 @@ impl NodeTable {
     }
 
     /// Records one more lookup of the object `fd` (an O_PATH descriptor just opened as
-    /// `name` in `parent`, with its status and birth time as [`sys::fstat_born`] read them)
+    /// `name` in `parent`, with its status and birth time as [`Backend::stat_born`] read them)
     /// and returns its node, and whether the node is new.
     pub fn remember(
         &self,
@@ -328,7 +335,7 @@ impl NodeTable {
             empty
         };
         if installed {
-            self.budget.opened(&node);
+            self.budget.opened(&node, &*self.host);
         }
         (node, new)
     }
@@ -425,6 +432,19 @@ impl NodeTable {
             .map(|(_, n)| n)
     }
 
+    /// Node `id` and its descriptor (reopened if it was evicted).
+    pub fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        let node = self.get(id)?;
+        let fd = self.fd(&node)?;
+        Ok((node, fd))
+    }
+
+    /// The node the client holds for the file `name` in `dir`, if any.
+    pub fn held_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Arc<Node>> {
+        let st = self.host.stat_at(dir, name).ok()?;
+        self.find(st.st_dev, st.st_ino)
+    }
+
     /// The node for a host inode, if the client holds it.
     pub fn find(&self, dev: u64, ino: u64) -> Option<Arc<Node>> {
         let id = self.id_for(dev, ino);
@@ -470,14 +490,14 @@ impl NodeTable {
             .ok_or(WireErrno::ESTALE)?;
         let parent = self.get(loc.parent)?;
         let parent_fd = self.fd(&parent)?;
-        let fd = sys::open_path(parent_fd.as_fd(), &loc.name).map_err(|e| {
+        let fd = (self.host.open_node(parent_fd.as_fd(), &loc.name)).map_err(|e| {
             if e == WireErrno::ENOENT {
                 WireErrno::ESTALE
             } else {
                 e
             }
         })?;
-        let (st, birth) = sys::fstat_born(fd.as_fd())?;
+        let (st, birth) = self.host.stat_born(fd.as_fd())?;
         if !node.same_file(&st, birth) {
             // The name now refers to another file (perhaps with the same inode number): the
             // node we knew is gone from there.
@@ -490,7 +510,7 @@ impl NodeTable {
         }
         *slot = Some(fd.clone());
         drop(slot);
-        self.budget.opened(node);
+        self.budget.opened(node, &*self.host);
         Ok(fd)
     }
 }

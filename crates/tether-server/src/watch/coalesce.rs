@@ -1,0 +1,437 @@
+//! A session's [`Watch`]: a watching backend, and what turns its events into what the
+//! client is told: the invalidations its caches need and, if it asked (HOST_EVENTS), the
+//! host events behind them, so that it can raise the inotify events a local change would
+//! have raised in the guest. Echoes of the session's own changes are left out of both
+//! (echo.rs).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use tether_proto::{changed, EventKind, HostEvent, Invalidation, NodeId, ROOT_NODE};
+
+use super::echo::{self, Expected};
+use super::{Batch, Change, NameChange, Watcher};
+use crate::backend::{Backend, SysResult};
+use crate::nodes::{Node, NodeTable};
+
+/// Files with someone else's change not yet closed that are remembered at most (a writer
+/// that never closes, or a file deleted first, is forgotten when the table is full).
+const MAX_FOREIGN_WRITERS: usize = 65_536;
+
+/// One batch of changes for the client.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub items: Vec<Invalidation>,
+    pub events: Vec<HostEvent>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty() && self.events.is_empty()
+    }
+}
+
+/// Builds one batch: invalidations once each, events in order, content events of one name
+/// merged, and the two halves of a rename joined.
+#[derive(Default)]
+struct Collector {
+    out: Changes,
+    seen: std::collections::HashSet<Invalidation>,
+    /// (dir, name) -> index of its `Changed` event in this batch.
+    changed_at: HashMap<(NodeId, Vec<u8>), usize>,
+    /// rename cookie -> index of the provisional `Deleted` event its first half left.
+    moved_from: HashMap<u32, usize>,
+    /// Directory paths resolved in this batch, and the export root's own path.
+    paths: HashMap<NodeId, Option<Bytes>>,
+    root: Option<Option<Vec<u8>>>,
+}
+
+impl Collector {
+    fn invalidate(&mut self, inv: Invalidation) {
+        if self.seen.insert(inv.clone()) {
+            self.out.items.push(inv);
+        }
+    }
+}
+
+/// What a session watches with, and what it remembers to tell its own changes from others.
+pub struct Watch {
+    watcher: Box<dyn Watcher>,
+    nodes: Arc<NodeTable>,
+    host: Arc<dyn Backend>,
+    /// The client also wants the host changes behind the invalidations (HOST_EVENTS).
+    host_events: bool,
+    /// Name changes of this session whose events are still to come.
+    expected: Expected,
+    /// Files (dev, ino) someone other than this session changed and has not closed yet.
+    foreign_writers: DashMap<(u64, u64), ()>,
+    /// Batches of events taken in hand so far, counted before any is looked at: a lookup
+    /// during which it moved may have had its change told to nobody (ops/lookup.rs, `state_now`).
+    batches_seen: AtomicU64,
+}
+
+impl Watch {
+    /// Watches with `watcher` for a session whose nodes are `nodes`; with `host_events`,
+    /// changes come with the host events behind them.
+    pub fn new(
+        watcher: Box<dyn Watcher>,
+        nodes: Arc<NodeTable>,
+        host: Arc<dyn Backend>,
+        host_events: bool,
+    ) -> Watch {
+        Watch {
+            watcher,
+            nodes,
+            host,
+            host_events,
+            expected: Expected::default(),
+            foreign_writers: DashMap::new(),
+            batches_seen: AtomicU64::new(0),
+        }
+    }
+
+    pub fn host_events(&self) -> bool {
+        self.host_events
+    }
+
+    /// Whether changes are reported with the process that made them.
+    pub fn tells_writers(&self) -> bool {
+        self.watcher.tells_writers()
+    }
+
+    /// Starts watching directory `node` (`fd` its descriptor) and marks it watched; it
+    /// stays unwatched when the backend refuses.
+    pub fn watch_dir(&self, node: &Node, fd: &OwnedFd) {
+        if self.watcher.watch_dir(node.id, fd) {
+            node.watched.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The client forgot `node`: a watched directory is watched no more.
+    pub fn forgotten(&self, node: &Node) {
+        if node.watched.load(Ordering::Relaxed) {
+            // Not reopened for this: a forgotten node's reopened descriptor would stay in
+            // the budget.
+            self.watcher.unwatch(node.id, node.open_fd().as_deref());
+        }
+    }
+
+    /// This session made the file `ino` without a name and holds it open.
+    pub fn made_unnamed(&self, ino: u64) {
+        self.watcher.made_unnamed(ino);
+    }
+
+    /// Batches of events taken in hand so far (see `batches_seen`).
+    pub fn batches_seen(&self) -> u64 {
+        self.batches_seen.load(Ordering::SeqCst)
+    }
+
+    /// Records that this session is about to make `change` to `name` in `dir`.
+    pub fn expect(&self, dir: NodeId, name: &[u8], change: NameChange) {
+        self.expected.expect(dir, name, change);
+    }
+
+    /// Withdraws an expectation whose change did not happen.
+    pub fn unexpect(&self, dir: NodeId, name: &[u8], change: NameChange) {
+        self.expected.unexpect(dir, name, change);
+    }
+
+    /// Runs this session's own change of `nodes` ([`echo::own_changes`]).
+    pub fn own_changes<T>(
+        &self,
+        nodes: Vec<(&Node, BorrowedFd<'_>)>,
+        op: impl FnOnce() -> SysResult<T>,
+        size_after: impl Fn(u64, &T) -> Option<u64>,
+    ) -> (SysResult<T>, Vec<Option<libc::stat>>) {
+        echo::own_changes(&*self.host, nodes, op, size_after)
+    }
+
+    /// Waits up to `timeout` for events and turns them into changes ([`Watch::queued_changes`]).
+    pub fn changes(&self, timeout: Duration) -> Changes {
+        if !self.wait(timeout) {
+            return Changes::default();
+        }
+        self.queued_changes()
+    }
+
+    /// Waits up to `timeout` for watch events to be queued (and a moment for more to
+    /// gather); true if there may be some to read. Reads nothing.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.watcher.wait(timeout)
+    }
+
+    fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
+        self.nodes.node_fd(id)
+    }
+
+    fn changed_since_sync(&self, node: &Arc<Node>) -> bool {
+        echo::changed_since_sync(&*self.host, &self.nodes, node)
+    }
+
+    /// Turns the watch events queued now into the invalidations (and host events) the
+    /// client needs, leaving out the echoes of its own changes. Does not wait.
+    pub fn queued_changes(&self) -> Changes {
+        let (events, mut by_others) = match self.watcher.drain() {
+            Ok(Batch::Events(e, foreign)) => {
+                // Before any node is looked for (ops/lookup.rs, `state_now`).
+                if !e.is_empty() || !foreign.is_empty() {
+                    self.batches_seen.fetch_add(1, Ordering::SeqCst);
+                }
+                (e, foreign)
+            }
+            Ok(Batch::Overflow) => {
+                self.expected.forget();
+                tracing::warn!("watch queue overflowed: invalidating everything the client holds");
+                return Changes {
+                    items: vec![Invalidation::All],
+                    events: Vec::new(),
+                };
+            }
+            Err(e) => {
+                tracing::warn!("reading watch events failed: {e}");
+                return Changes::default();
+            }
+        };
+        let mut c = Collector::default();
+        for ev in events {
+            let Ok((dir, dir_fd)) = self.node_fd(ev.dir) else {
+                continue;
+            };
+            match (&ev.name, ev.change) {
+                (
+                    Some(name),
+                    Change::Name {
+                        change,
+                        cookie,
+                        is_dir,
+                    },
+                ) => {
+                    if matches!(change, NameChange::MovedTo | NameChange::Created) {
+                        self.check_new_name(&mut c, &dir_fd, name);
+                    }
+                    if self.expected.is_own(ev.dir, name, change) {
+                        continue;
+                    }
+                    c.invalidate(Invalidation::Entry {
+                        parent: ev.dir,
+                        name: Bytes::from(name.clone()),
+                    });
+                    c.invalidate(Invalidation::Inode(ev.dir));
+                    if self.host_events {
+                        let what = (change, cookie, is_dir);
+                        self.name_event(&mut c, &dir_fd, ev.dir, name, what);
+                    }
+                }
+                (Some(name), Change::Content(bits)) => {
+                    // Content or attributes of an entry of the directory.
+                    let Ok(cname) = CString::new(name.clone()) else {
+                        continue;
+                    };
+                    let Ok(st) = self.host.stat_at(dir_fd.as_fd(), &cname) else {
+                        continue;
+                    };
+                    let key = (ev.dir, name.clone());
+                    let file = (st.st_dev, st.st_ino);
+                    let closing = bits & changed::CLOSE_WRITE != 0;
+                    // Another process's change, whatever the ctime says (fanotify.rs).
+                    let by_other = by_others.remove(&key);
+                    let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
+                        Some(child) if self.changed_since_sync(&child) || by_other => {
+                            c.invalidate(Invalidation::Inode(child.id));
+                            true
+                        }
+                        // Unchanged since the client was last told: the echo of its own
+                        // change, unless this batch already holds someone else's change to
+                        // it or someone else's write to it is being closed.
+                        Some(_) => {
+                            c.changed_at.contains_key(&key)
+                                || (closing && self.foreign_writers.contains_key(&file))
+                        }
+                        // The client holds no node for it, so the change cannot be its own.
+                        None => true,
+                    };
+                    if foreign {
+                        // Remember the writer until it closes: by then the content may look
+                        // synced (a lookup in between), yet the close is still someone else's.
+                        // Only a write opens such an entry: one opened by a chmod would
+                        // outlive a deletion and pass to the next file on that inode number.
+                        let writing = bits & changed::MODIFY != 0;
+                        if closing {
+                            self.foreign_writers.remove(&file);
+                        } else if writing && self.foreign_writers.len() < MAX_FOREIGN_WRITERS {
+                            self.foreign_writers.insert(file, ());
+                        }
+                    }
+                    if foreign && self.host_events {
+                        let node = self.nodes.id_for(st.st_dev, st.st_ino);
+                        let file_type = st.st_mode & libc::S_IFMT;
+                        self.changed_event(&mut c, &dir_fd, ev.dir, key, node, file_type, bits);
+                    }
+                }
+                (None, _) => {
+                    // The directory itself: its attributes, or it was deleted or moved.
+                    // A deletion or move also shows in the parent's watch, which invalidates
+                    // the name; here only the directory's own attributes matter.
+                    if self.changed_since_sync(&dir) {
+                        c.invalidate(Invalidation::Inode(ev.dir));
+                    }
+                }
+            }
+        }
+        // Other processes' changes whose inotify event is not in this batch: it was read with
+        // the last one, a moment before their fanotify event was queued, or it comes with
+        // the next one. The node's synced ctime is left alone: in the second case that
+        // event must still be found foreign (the host event of a watched file).
+        for (dir, name) in by_others {
+            let (Ok((_, dir_fd)), Ok(name)) = (self.node_fd(dir), CString::new(name)) else {
+                continue;
+            };
+            if let Some(child) = self.nodes.held_at(dir_fd.as_fd(), &name) {
+                c.invalidate(Invalidation::Inode(child.id));
+            }
+        }
+        c.out
+    }
+
+    /// The host event of `change` (a rename's `cookie`, whether the name `is_dir`) to `name`
+    /// in `dir`.
+    fn name_event(
+        &self,
+        c: &mut Collector,
+        dir_fd: &OwnedFd,
+        dir: NodeId,
+        name: &[u8],
+        (change, cookie, is_dir): (NameChange, u32, bool),
+    ) {
+        let Some(dir_path) = self.guest_path(c, dir, dir_fd) else {
+            return;
+        };
+        // What is there now, for creations; removals only know whether it was a directory.
+        let mut node = 0;
+        let mut file_type = if is_dir { libc::S_IFDIR } else { libc::S_IFREG };
+        if matches!(change, NameChange::Created | NameChange::MovedTo) {
+            if let Ok(st) = CString::new(name)
+                .map_err(|_| ())
+                .and_then(|n| self.host.stat_at(dir_fd.as_fd(), &n).map_err(|_| ()))
+            {
+                node = self.nodes.id_for(st.st_dev, st.st_ino);
+                file_type = st.st_mode & libc::S_IFMT;
+            }
+        }
+        let mut event = HostEvent {
+            dir,
+            dir_path,
+            name: Bytes::copy_from_slice(name),
+            node,
+            file_type,
+            kind: EventKind::Created,
+        };
+        match change {
+            NameChange::Created => {}
+            NameChange::Deleted => event.kind = EventKind::Deleted,
+            NameChange::MovedFrom => {
+                // Provisional: becomes the rename when its other half comes, else stays a
+                // deletion (moved out of what the client holds).
+                event.kind = EventKind::Deleted;
+                c.moved_from.insert(cookie, c.out.events.len());
+            }
+            NameChange::MovedTo => {
+                if let Some(at) = c.moved_from.remove(&cookie) {
+                    let from = &c.out.events[at];
+                    event.kind = EventKind::Moved {
+                        from_dir: from.dir,
+                        from_path: from.dir_path.clone(),
+                        from_name: from.name.clone(),
+                    };
+                    c.out.events[at] = event;
+                    return;
+                }
+            }
+        }
+        c.out.events.push(event);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn changed_event(
+        &self,
+        c: &mut Collector,
+        dir_fd: &OwnedFd,
+        dir: NodeId,
+        key: (NodeId, Vec<u8>),
+        node: NodeId,
+        file_type: u32,
+        bits: u8,
+    ) {
+        if let Some(&at) = c.changed_at.get(&key) {
+            if let EventKind::Changed(old) = &mut c.out.events[at].kind {
+                *old |= bits;
+            }
+            return;
+        }
+        let Some(dir_path) = self.guest_path(c, dir, dir_fd) else {
+            return;
+        };
+        c.changed_at.insert(key.clone(), c.out.events.len());
+        c.out.events.push(HostEvent {
+            dir,
+            dir_path,
+            name: Bytes::from(key.1),
+            node,
+            file_type,
+            kind: EventKind::Changed(bits),
+        });
+    }
+
+    /// The directory's path below the export root as it is now, or None if it is no longer
+    /// inside the export. The kernel keeps a descriptor's path current across renames.
+    fn guest_path(&self, c: &mut Collector, dir: NodeId, dir_fd: &OwnedFd) -> Option<Bytes> {
+        if dir == ROOT_NODE {
+            return Some(Bytes::new());
+        }
+        if let Some(p) = c.paths.get(&dir) {
+            return p.clone();
+        }
+        let root = c
+            .root
+            .get_or_insert_with(|| {
+                let (_, root_fd) = self.node_fd(ROOT_NODE).ok()?;
+                self.host.fd_path(root_fd.as_fd()).ok()
+            })
+            .clone();
+        let resolved = (|| {
+            let path = self.host.fd_path(dir_fd.as_fd()).ok()?;
+            let rel = path.strip_prefix(root?.as_slice())?.strip_prefix(b"/")?;
+            if rel.ends_with(b" (deleted)") {
+                return None;
+            }
+            Some(Bytes::copy_from_slice(rel))
+        })();
+        c.paths.insert(dir, resolved.clone());
+        resolved
+    }
+
+    /// A change of a file's content or attributes is reported under the name it had then.
+    /// If the file was renamed (or linked and unlinked) before the event was read, that name
+    /// no longer finds it and the change would be lost; so every name that now refers to a
+    /// file (moved or created there) has that file checked too. Own renames are own changes
+    /// of the moved node, so this finds only someone else's changes.
+    fn check_new_name(&self, c: &mut Collector, dir_fd: &OwnedFd, name: &[u8]) {
+        let Ok(cname) = CString::new(name) else {
+            return;
+        };
+        let Ok(st) = self.host.stat_at(dir_fd.as_fd(), &cname) else {
+            return;
+        };
+        if let Some(node) = self.nodes.find(st.st_dev, st.st_ino) {
+            if self.changed_since_sync(&node) {
+                c.invalidate(Invalidation::Inode(node.id));
+            }
+        }
+    }
+}
