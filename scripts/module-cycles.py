@@ -1,154 +1,217 @@
 #!/usr/bin/env python3
-"""Import cycles among a crate's modules, from the code's own paths.
+"""Reports import cycles among a crate's modules.
 
-Usage: scripts/module-cycles.py crates/tether-client/src [crates/tether-server/src ...]
+Usage: python3 scripts/module-cycles.py SRC_DIR   (e.g. crates/tether-client/src)
 
-Each .rs file is a module (`a/mod.rs` is `a`). An edge a -> b is any `crate::...` or
-`super::...` path in a (outside its `#[cfg(test)]` module) that names b or something in b;
-a path resolves to the longest module it names. A parent module declaring its children
-(`mod x;`) is not an edge. Prints each cycle (strongly connected set of files) and exits 1
-if there is one; prints the layering and exits 0 otherwise.
+Each file under src/ is a module (lib.rs the crate, x/mod.rs the module x). A module depends
+on another when its code names one of that module's items: in a `use` (re-exports included)
+or in a path in the code, through `crate::`, `super::`, `self::` or the name of a child
+module. Inline modules (`mod tests { ... }`, test code included) count as part of their
+file. A path is charged to the longest module it names (`crate::watch::echo::Expected` is
+an edge to watch/echo.rs, `super::Watcher` one to the parent that defines it). `mod x;`
+declarations are not edges. Comments and string literals are ignored.
+
+Prints the edges, then each strongly connected component with more than one module (a
+cycle), and exits 1 if there is one. Also checks the graph of top-level modules
+(crate::a::b counted as crate::a).
 """
 
 import os
 import re
 import sys
 
-
-def modules(src):
-    """Module path (tuple) -> file, for every .rs file under src."""
-    found = {}
-    for root, _, files in os.walk(src):
-        for f in files:
-            if not f.endswith(".rs"):
-                continue
-            rel = os.path.relpath(os.path.join(root, f), src)[:-3].split(os.sep)
-            if rel[-1] == "mod":
-                rel = rel[:-1]
-            if rel in (["lib"], ["main"]):
-                rel = []
-            found[tuple(rel)] = os.path.join(root, f)
-    return found
+if len(sys.argv) != 2:
+    sys.exit(__doc__)
+SRC = sys.argv[1]
 
 
-PATH = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
-GROUP = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^}]*)\}", re.S)
+def module_of(rel):
+    parts = rel[:-3].split(os.sep)
+    if parts == ["lib"]:
+        return ("crate",)
+    if parts[-1] == "mod":
+        parts = parts[:-1]
+    return ("crate",) + tuple(parts)
 
 
-def code_of(path):
-    text = open(path, encoding="utf-8").read()
-    cut = re.search(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", text)
-    if cut:
-        text = text[: cut.start()]
-    # Comments name modules in prose; only code counts.
-    return re.sub(r"//[^\n]*", "", text)
+def strip(code):
+    """Code without comments, string and char literals (replaced by spaces)."""
+    out, i, n = [], 0, len(code)
+    while i < n:
+        c = code[i]
+        if code.startswith("//", i):
+            j = code.find("\n", i)
+            i = n if j < 0 else j
+        elif code.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if code.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif code.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "r" and re.match(r'r#*"', code[i:i + 10]) and not re.match(r"\w", code[i - 1:i] or " "):
+            m = re.match(r'r(#*)"', code[i:])
+            end = code.find('"' + m.group(1), i + len(m.group(0)))
+            out.append(" ")
+            i = n if end < 0 else end + 1 + len(m.group(1))
+        elif c == '"':
+            i += 1
+            while i < n and code[i] != '"':
+                i += 2 if code[i] == "\\" else 1
+            out.append(" ")
+            i += 1
+        elif c == "'" and re.match(r"'(\\.|[^\\'])'", code[i:i + 4]) or (c == "'" and code.startswith("'\\", i)):
+            j = code.find("'", i + 2)
+            out.append(" ")
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
-def resolve(mods, base, parts):
-    """The longest module named by `parts` under `base`, if any."""
-    for n in range(len(parts), -1, -1):
-        cand = tuple(base) + tuple(parts[:n])
-        if cand in mods:
-            return cand
-    return None
-
-
-def edges(mods):
-    out = {m: set() for m in mods}
-    for m, path in mods.items():
-        text = code_of(path)
-        refs = []
-        for kind, prefix, inner in GROUP.findall(text):
-            for item in inner.split(","):
-                item = item.strip().split(" as ")[0]
-                if item and item != "self":
-                    refs.append((kind, prefix + "::" + item.replace(" ", "")))
-                elif item == "self":
-                    refs.append((kind, prefix))
-        refs += PATH.findall(text)
-        for kind, rest in refs:
-            parts = [p for p in rest.split("::") if p]
-            if kind == "crate":
-                base = ()
-            else:
-                # `super` is the parent of this module (for a/b.rs and a/b/mod.rs alike).
-                base = m[:-1]
-                while parts and parts[0] == "super":
-                    base, parts = base[:-1], parts[1:]
-            target = resolve(mods, base, parts)
-            if target is not None and target != m and target != ():
-                # A module using its own ancestor's items (re-exports) is not a layer edge
-                # worth drawing when the ancestor is the crate root.
-                out[m].add(target)
+def expand_use(tree):
+    """`a::{b, c::{self, D}}` -> ['a::b', 'a::c', 'a::c::D']."""
+    tree = re.sub(r"\s+", "", tree)
+    m = re.match(r"^(.*?)\{(.*)\}$", tree)
+    if not m:
+        tree = re.sub(r"as\w+$", "", tree) if "as" in tree else tree
+        return [tree[:-6] if tree.endswith("::self") else tree]
+    prefix, inner = m.group(1), m.group(2)
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    if cur:
+        parts.append(cur)
+    out = []
+    for p in parts:
+        if p == "self":
+            out.append(prefix.rstrip(":"))
+        else:
+            out.extend(expand_use(prefix + p))
     return out
 
 
-def sccs(graph):
-    index, low, stack, on, result, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            result.append(comp)
-
-    sys.setrecursionlimit(10000)
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return result
-
-
-def name(m):
-    return "::".join(m) or "(crate root)"
-
-
 def main():
-    bad = False
-    for src in sys.argv[1:]:
-        mods = modules(src)
-        graph = edges(mods)
-        cycles = [c for c in sccs(graph) if len(c) > 1]
+    files = {}
+    for root, _, names in os.walk(SRC):
+        for name in names:
+            if name.endswith(".rs"):
+                path = os.path.join(root, name)
+                files[module_of(os.path.relpath(path, SRC))] = open(path).read()
+    modules = set(files)
+
+    def children(mod):
+        return {m[-1] for m in modules if len(m) == len(mod) + 1 and m[:-1] == mod}
+
+    def resolve(base, path):
+        """The module an item path used in module `base` names, or None (std, crates)."""
+        segs = [s for s in path.split("::") if s]
+        if not segs:
+            return None
+        cur = base
+        if segs[0] == "crate":
+            cur, segs = ("crate",), segs[1:]
+        elif segs[0] in ("super", "self"):
+            while segs and segs[0] in ("super", "self"):
+                if segs[0] == "super":
+                    cur = cur[:-1]
+                segs = segs[1:]
+        elif segs[0] not in children(base):
+            return None
+        while segs and cur + (segs[0],) in modules:
+            cur, segs = cur + (segs[0],), segs[1:]
+        return cur
+
+    edges = {m: set() for m in modules}
+    for mod, text in files.items():
+        code = strip(text)
+        # Inline modules shift what super/self/children mean; track them by brace depth.
+        inline, depth, pos = [], 0, 0
+        tokens = re.finditer(r"\buse\s+([^;]+);|\bmod\s+(\w+)\s*\{|[{}]|"
+                             r"\b((?:crate|super|self|\w+)(?:::\w+)+)", code)
+        for t in tokens:
+            here = mod + tuple(name for name, _ in inline)
+            if t.group(0) == "{":
+                depth += 1
+            elif t.group(0) == "}":
+                depth -= 1
+                if inline and inline[-1][1] == depth:
+                    inline.pop()
+            elif t.group(2):
+                inline.append((t.group(2), depth))
+                depth += 1
+            else:
+                paths = expand_use(t.group(1)) if t.group(1) else [t.group(3)]
+                for p in paths:
+                    target = resolve(here, p)
+                    # An inline module is part of its file.
+                    while target is not None and target not in modules:
+                        target = target[:-1]
+                    if target is not None and target != mod:
+                        edges[mod].add(target)
+
+    def show(m):
+        return "::".join(m)
+
+    def sccs(graph):
+        index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+        def visit(v):
+            index[v] = low[v] = counter[0]
+            counter[0] += 1
+            stack.append(v)
+            on.add(v)
+            for w in graph[v]:
+                if w not in index:
+                    visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+
+        sys.setrecursionlimit(10000)
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+        return [c for c in out if len(c) > 1]
+
+    for m in sorted(edges):
+        print(f"{show(m)} -> {', '.join(show(t) for t in sorted(edges[m])) or '-'}")
+    top = {}
+    for m, ts in edges.items():
+        a = m[:2]
+        top.setdefault(a, set())
+        for t in ts:
+            if t[:2] != a:
+                top[a].add(t[:2])
+    found = False
+    for title, graph in (("modules", edges), ("top-level modules", top)):
+        cycles = sccs(graph)
         if cycles:
-            bad = True
+            found = True
             for c in cycles:
-                print(f"{src}: import cycle among {len(c)} modules:")
-                for m in sorted(c):
-                    inside = sorted(name(t) for t in graph[m] if t in c)
-                    print(f"  {name(m)} -> {', '.join(inside)}")
+                print(f"CYCLE among {title}: {', '.join(sorted(show(m) for m in c))}")
         else:
-            print(f"{src}: no import cycle among {len(mods)} modules")
-            # Depth of each module: 0 for those that import nothing of the crate.
-            depth = {}
-
-            def d(m):
-                if m not in depth:
-                    depth[m] = 0
-                    depth[m] = 1 + max((d(t) for t in graph[m]), default=-1)
-                return depth[m]
-
-            for m in sorted(mods, key=lambda m: (d(m), m)):
-                if m == ():
-                    continue
-                uses = ", ".join(sorted(name(t) for t in graph[m])) or "-"
-                print(f"  {d(m)}  {name(m):32} uses {uses}")
-    sys.exit(1 if bad else 0)
+            print(f"no cycles among {len(graph)} {title}")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,8 +2,11 @@
 //!
 //! - [`sys`]: what the kernel says (statx, the mount's own directory for helper threads);
 //! - [`rpc`]: the pipelined connection to the server, with reconnects;
-//! - [`cache`]: what the client keeps and how long it may trust it ([`Coherence`]);
-//! - [`invalidate`]: host changes turned into the guest kernel's view (replays, fixes);
+//! - [`known`]: the nodes and open handles the kernel holds, and where each was last seen;
+//! - [`invalidate`]: host changes turned into the guest kernel's view (replays of host
+//!   events, the writeback cache's fixer);
+//! - [`cache`]: what the client keeps and how long it may trust it ([`Coherence`], whose
+//!   invalidation thread drives the replays and fixes);
 //! - [`write`]: how guest writes reach the host ([`WriteMode`]);
 //! - [`fuse`]: the file system the kernel talks to;
 //! - [`restore`], [`mount`]: putting it together; `control` (the mount process's socket),
@@ -14,6 +17,7 @@ pub mod client;
 mod control;
 pub mod fuse;
 pub mod invalidate;
+pub mod known;
 pub mod mount;
 pub mod restore;
 pub mod rpc;

@@ -14,7 +14,7 @@ use tether_proto::{
 };
 
 use crate::cache::coherence::Coherence;
-use crate::cache::known::{Binding, Known, OpenHandle};
+use crate::known::{Binding, Known, OpenHandle};
 use crate::fuse::locks::HeldLocks;
 use crate::rpc::{Connection, Restorer};
 use crate::write::spares::Spares;

@@ -3,7 +3,6 @@
 //! what this mount wrote.
 
 pub mod coherence;
-pub mod known;
 pub mod known_attrs;
 pub mod partial_pages;
 pub mod prefetch;

@@ -43,7 +43,7 @@ use dashmap::DashMap;
 use tether_proto::NodeId;
 
 use crate::cache::coherence::Coherence;
-use crate::cache::known::Known;
+use crate::known::Known;
 use crate::sys::mount_dir::MountDir;
 
 /// Two LOOKUPs missing in one directory within this window start a listing.

@@ -24,7 +24,7 @@ use tether_proto::{
 
 use super::reply::{errno, file_attr, kind_of_dtype, set_time};
 use crate::cache::coherence::{Coherence, WATCHED_TTL};
-use crate::cache::known::{Binding, Known, OpenHandle};
+use crate::known::{Binding, Known, OpenHandle};
 use crate::cache::known_attrs::KnownAttrs;
 use crate::cache::partial_pages::PartialPages;
 use crate::cache::prefetch::Prefetch;

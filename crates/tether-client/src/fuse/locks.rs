@@ -39,7 +39,7 @@ use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
 use crate::cache::coherence::Coherence;
-use crate::cache::known::Known;
+use crate::known::Known;
 use crate::fuse::reply::errno;
 use crate::rpc::{Connection, ReplyResult};
 use crate::sys::mount_dir::MountDir;

@@ -43,7 +43,7 @@ use dashmap::DashMap;
 use fuser::{INodeNo, Notifier};
 use tether_proto::{Caller, NodeId, Reply, Request};
 
-use crate::cache::known::Known;
+use crate::known::Known;
 use crate::rpc::Connection;
 use crate::sys::mount_dir::MountDir;
 

@@ -197,8 +197,11 @@ fn raw_at((dir, name): At<'_>) -> (RawFd, *const libc::c_char) {
 
 pub fn renameat2(from: At<'_>, to: At<'_>, flags: u32) -> SysResult<()> {
     let ((old_dir, old), (new_dir, new)) = (raw_at(from), raw_at(to));
-    // SAFETY: valid C strings; renameat2 does not retain them.
-    cvt(unsafe { libc::renameat2(old_dir, old, new_dir, new, flags) }).map(drop)
+    // The system call itself: the musl that Rust's static builds bundle (1.2.3) has no
+    // renameat2 wrapper.
+    // SAFETY: valid C strings; the kernel does not retain them.
+    let r = unsafe { libc::syscall(libc::SYS_renameat2, old_dir, old, new_dir, new, flags) };
+    cvt(r as libc::c_int).map(drop)
 }
 
 pub fn linkat(from: At<'_>, to: At<'_>, flags: i32) -> SysResult<()> {
