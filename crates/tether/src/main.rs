@@ -40,8 +40,11 @@ enum Command {
     Serve {
         /// The directory to export.
         dir: PathBuf,
-        /// Where to listen: unix:/path/to.sock or tcp:HOST:PORT. A stale socket at the path
-        /// (its server gone) is replaced; anything else there is refused, never removed.
+        /// Where to listen: unix:/path/to.sock, tcp:HOST:PORT, vsock:PORT (AF_VSOCK, any CID:
+        /// the host of VMs with a vhost-vsock device), or vsock-unix:/path/to.sock_PORT (the
+        /// Unix socket that Firecracker, Cloud Hypervisor or vhost-device-vsock forwards a
+        /// guest's connections to host vsock port PORT to). A stale socket at the path (its
+        /// server gone) is replaced; anything else there is refused, never removed.
         #[arg(long, short, required_unless_present = "stdio")]
         listen: Option<String>,
         /// Serve one client on standard input and output, then exit: what a client
@@ -58,12 +61,14 @@ enum Command {
         /// limit).
         #[arg(long, default_value_t = 0)]
         max_handles: usize,
-        /// The secret clients must prove they know. Required on TCP, where it defaults to
-        /// ~/.config/tether/secret (created, mode 0600, on first use); optional on Unix
-        /// sockets, which admit only the serving user (and --socket-group) anyway.
+        /// The secret clients must prove they know. Required on TCP, vsock and vsock-unix,
+        /// where it defaults to ~/.config/tether/secret (created, mode 0600, on first use);
+        /// optional on Unix sockets, which admit only the serving user (and --socket-group)
+        /// anyway.
         #[arg(long)]
         secret_file: Option<PathBuf>,
-        /// Also admit members of this group to the Unix socket (created 0660 instead of 0600).
+        /// Also admit members of this group to the Unix socket (created 0660 instead of 0600);
+        /// for vsock-unix, a VMM running as another user in this group.
         #[arg(long)]
         socket_group: Option<String>,
         /// File ownership as guests see it: squash (every file is the guest owner's, new
@@ -82,8 +87,9 @@ enum Command {
     /// With files open under the mount, Ctrl-C unmounts once they close; a second Ctrl-C
     /// detaches at once (open files keep working), a third stops the process.
     Mount {
-        /// The server: unix:/path/to.sock, tcp:HOST:PORT, or ssh:[USER@]HOST:DIR (runs
-        /// `tether serve --stdio DIR` there through ssh).
+        /// The server: unix:/path/to.sock, tcp:HOST:PORT, vsock:CID:PORT (from a VM guest:
+        /// vsock:2:PORT is its host), or ssh:[USER@]HOST:DIR (runs `tether serve --stdio
+        /// DIR` there through ssh).
         address: String,
         mountpoint: PathBuf,
         #[command(flatten)]
@@ -131,8 +137,8 @@ enum Command {
         /// (strict overcommit), the mount uses /dev/fuse and its log says why.
         #[arg(long)]
         io_uring: bool,
-        /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
-        /// to ~/.config/tether/secret when that exists.
+        /// The server's secret (a copy of its secret file); needed for TCP and vsock servers.
+        /// Defaults to ~/.config/tether/secret when that exists.
         #[arg(long)]
         secret_file: Option<PathBuf>,
         /// The guest user files appear to belong to when the server squashes ownership
@@ -341,7 +347,9 @@ fn parse_address(s: &str) -> Result<Address> {
 
 /// Parses a client's address; an ssh one takes its command from `ssh`.
 fn client_address(s: &str, ssh: SshArgs) -> Result<Address> {
-    let mut addr = parse_address(s)?;
+    let mut addr = parse_address(s)?
+        .for_connecting()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Address::Ssh(t) = &mut addr {
         t.command = ssh
             .ssh_command
@@ -467,12 +475,12 @@ fn run(cmd: Command) -> Result<()> {
             };
             let addr = parse_address(&listen)?;
             let socket_group = socket_group.as_deref().map(group_id).transpose()?;
-            if socket_group.is_some() && !matches!(addr, Address::Unix(_)) {
+            if socket_group.is_some() && !matches!(addr, Address::Unix(_) | Address::VsockUnix(_)) {
                 bail!("--socket-group applies to Unix sockets only");
             }
             let secret = match (&addr, secret_file) {
                 (_, Some(path)) => Some(secret::load(&path)?),
-                (Address::Tcp(hostport), None) => {
+                (addr, None) if addr.needs_secret() => {
                     let path = secret::default_path()?;
                     let (secret, created) = secret::load_or_create(&path)?;
                     if created {
@@ -482,7 +490,13 @@ fn run(cmd: Command) -> Result<()> {
                             path.display()
                         );
                     }
-                    let loopback = tether_transport::is_loopback(hostport).unwrap_or(false);
+                    let loopback = match addr {
+                        Address::Tcp(hostport) => {
+                            tether_transport::is_loopback(hostport).unwrap_or(false)
+                        }
+                        // vsock stays between a host and its guests.
+                        _ => true,
+                    };
                     if !loopback {
                         eprintln!(
                             "tether: note: clients must prove they know the secret, but the \
@@ -492,7 +506,7 @@ fn run(cmd: Command) -> Result<()> {
                     Some(secret)
                 }
                 // Listener::bind refuses an ssh address, saying why.
-                (Address::Unix(_) | Address::Ssh(_), None) => None,
+                (_, None) => None,
             };
             let export = Export::open(&dir, &export_options)
                 .with_context(|| format!("cannot export {}", dir.display()))?;
@@ -501,8 +515,10 @@ fn run(cmd: Command) -> Result<()> {
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
-                Address::Unix(p) => Some(tether_transport::OwnSocketFile::new(p)),
-                Address::Tcp(_) | Address::Ssh(_) => None,
+                Address::Unix(p) | Address::VsockUnix(p) => {
+                    Some(tether_transport::OwnSocketFile::new(p))
+                }
+                Address::Tcp(_) | Address::Ssh(_) | Address::Vsock { .. } => None,
             };
             let drain = Arc::new(tether_server::Drain::default());
             drain_on_signals(drain.clone(), socket_file, true)?;
