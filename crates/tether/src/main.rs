@@ -1,7 +1,9 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
+mod mount_helper;
 mod secret;
 
+use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +39,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Export DIR (on the host).
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve {
         /// The directory to export.
         dir: PathBuf,
@@ -86,6 +89,10 @@ enum Command {
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     /// With files open under the mount, Ctrl-C unmounts once they close; a second Ctrl-C
     /// detaches at once (open files keep working), a third stops the process.
+    ///
+    /// Installed as /sbin/mount.tether (a symbolic link to tether), it is mount(8)'s helper
+    /// for `mount -t tether` and fstab lines (docs/install.md).
+    #[command(after_help = MOUNT_EXAMPLES)]
     Mount {
         /// The server: unix:/path/to.sock, tcp:HOST:PORT, vsock:CID:PORT (from a VM guest:
         /// vsock:2:PORT is its host), or ssh:[USER@]HOST:DIR (runs `tether serve --stdio
@@ -156,6 +163,13 @@ enum Command {
         /// until the mount goes away).
         #[arg(long)]
         nonempty: bool,
+        /// Return once the mount is up, leaving a detached process to serve it (stopped by
+        /// `tether unmount` or umount); fails with the reason if mounting fails.
+        #[arg(long, short)]
+        background: bool,
+        /// With --background: where the mount process logs (appended; default: nowhere).
+        #[arg(long, requires = "background", value_name = "FILE")]
+        log: Option<PathBuf>,
     },
     /// Connect and authenticate to a server, and report what it offers; changes nothing.
     Check {
@@ -200,8 +214,49 @@ enum Command {
     Latency(tether_bench::LatencyArgs),
 }
 
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  tether serve ~/src --listen unix:/run/user/1000/tether.sock
+  tether serve ~/src --listen tcp:127.0.0.1:7070      # secret: ~/.config/tether/secret
+  tether serve ~/src --listen vsock:7070              # VMs with vhost-vsock (libvirt, QEMU)
+  tether serve ~/src --listen vsock-unix:/run/fc/v.sock_7070
+      # Firecracker (uds_path /run/fc/v.sock), Cloud Hypervisor (--vsock socket=...),
+      # vhost-device-vsock (uds-path=...): guests connect to vsock:2:7070
+  (copy the secret file into each guest; docs/install.md)";
+
+const MOUNT_EXAMPLES: &str = "\
+Examples:
+  tether mount vsock:2:7070 /mnt/src --secret-file /etc/tether/secret
+  tether mount --background --log /var/log/tether.log vsock:2:7070 /mnt/src
+  tether mount tcp:10.0.2.2:7070 /mnt/src --writes behind
+  tether mount ssh:me@host:src /mnt/src
+  mount -t tether vsock:2:7070 /mnt/src -o secret-file=/etc/tether/secret
+fstab (with /sbin/mount.tether -> tether):
+  vsock:2:7070  /mnt/src  tether  _netdev,nofail,secret-file=/etc/tether/secret  0 0";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    // As mount(8)'s helper: `mount.tether SOURCE DIR [-sfnv] [-o OPTIONS]`.
+    let helper = args
+        .first()
+        .is_some_and(|a| mount_helper::invoked_as_helper(a));
+    if helper {
+        match mount_helper::helper_args(&args[1..]) {
+            Ok(call) if call.fake => {
+                let words: Vec<_> = call.args.iter().map(|a| a.to_string_lossy()).collect();
+                eprintln!("mount.tether: -f: would run: tether {}", words.join(" "));
+                return ExitCode::SUCCESS;
+            }
+            Ok(call) => args = std::iter::once("tether".into()).chain(call.args).collect(),
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    // Set in a background mount's own process: the pipe to report on.
+    mount_helper::take_ready_pipe();
+    let cli = Cli::parse_from(&args);
     let default_level = match cli.verbose {
         0 => "info",
         1 => "debug",
@@ -217,8 +272,22 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(cli.command) {
+    let context = RunContext {
+        args: args[1..].to_vec(),
+        verbose: cli.verbose > 0,
+    };
+    let result = run(cli.command, context);
+    if let Err(e) = &result {
+        // A background mount that failed tells the waiting parent why.
+        mount_helper::signal_failed(e);
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if helper => {
+            eprintln!("mount.tether: {e:#}");
+            // mount(8)'s code for a failed mount.
+            ExitCode::from(32)
+        }
         Err(e) => {
             eprintln!("tether: {e:#}");
             ExitCode::FAILURE
@@ -435,7 +504,15 @@ fn group_id(name: &str) -> Result<u32> {
 /// How long a stopping server waits for its sessions to answer what they read.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn run(cmd: Command) -> Result<()> {
+/// What `run` needs besides the command.
+struct RunContext {
+    /// The command line after the program name (as tether's, for a mount.tether call), to
+    /// run again for a background mount.
+    args: Vec<OsString>,
+    verbose: bool,
+}
+
+fn run(cmd: Command, context: RunContext) -> Result<()> {
     match cmd {
         Command::Serve {
             dir,
@@ -557,7 +634,23 @@ fn run(cmd: Command) -> Result<()> {
             gid,
             timeout,
             nonempty,
+            background,
+            log,
         } => {
+            if background && !mount_helper::in_background() {
+                return mount_helper::mount_in_background(
+                    &context.args,
+                    log.as_deref(),
+                    context.verbose,
+                );
+            }
+            // A background mount changes to / once mounted: keep the mount point's path valid.
+            let mountpoint = if mount_helper::in_background() {
+                mount_helper::absolute(&mountpoint)?
+            } else {
+                mountpoint
+            };
+            mount_helper::ensure_dev_fuse()?;
             let addr = client_address(&address, ssh)?;
             if check_mount_point(&mountpoint)? == MountPointCheck::NotEmpty && !nonempty {
                 eprintln!(
@@ -617,6 +710,7 @@ fn run(cmd: Command) -> Result<()> {
                     .ok();
             let mut mounted = Mounted::new(&client, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+            mount_helper::signal_ready();
             let unmounter = mounted.unmounter();
             let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
             let mp = mountpoint.clone();
