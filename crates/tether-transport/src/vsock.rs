@@ -136,9 +136,11 @@ impl VsockStream {
             ));
         }
         let t = t.unwrap_or(Duration::ZERO);
+        // `as _`: time_t and suseconds_t differ between libcs (musl's are deprecated
+        // aliases); 68 years fits every width.
         let tv = libc::timeval {
-            tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-            tv_usec: t.subsec_micros() as libc::suseconds_t,
+            tv_sec: t.as_secs().min(i32::MAX as u64) as _,
+            tv_usec: t.subsec_micros() as _,
         };
         // SAFETY: tv is a valid timeval and the length passed is its size.
         let r = unsafe {
