@@ -5,12 +5,14 @@ pub mod framed;
 mod socket_file;
 mod socket_reader;
 mod ssh;
+pub mod vsock;
 
 pub use socket_file::{clear_stale_socket, OwnSocketFile};
 
 pub use ssh::{stdio, StdoutRelay};
 
 use socket_reader::{ReadTimeout, SocketReader};
+use vsock::{VsockListener, VsockStream};
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -23,14 +25,31 @@ use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// Where to listen or connect: `unix:/path/to.sock`, `tcp:HOST:PORT`, or (to connect only)
-/// `ssh:[USER@]HOST:DIR`.
+/// Where to listen or connect: `unix:/path/to.sock`, `tcp:HOST:PORT`, `vsock:CID:PORT`
+/// (`vsock:PORT` to listen), `vsock-unix:/path/to.sock_PORT` (to listen for a VMM that
+/// forwards vsock to Unix sockets), or (to connect only) `ssh:[USER@]HOST:DIR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
     Tcp(String),
     Ssh(SshTarget),
+    /// AF_VSOCK: `vsock:CID:PORT`, or `vsock:PORT` (cid [`vsock::CID_ANY`]) to listen on
+    /// every CID.
+    Vsock {
+        cid: u32,
+        port: u32,
+    },
+    /// Hybrid vsock (Firecracker, Cloud Hypervisor, vhost-device-vsock): the VMM forwards a
+    /// guest's connection to host vsock port P to the Unix socket `PATH_P`. The server
+    /// listens there, but its peer is the VMM, not a local user, so it is authenticated like
+    /// TCP (by the secret), not by the Unix socket's peer credentials. Connecting to it is a
+    /// plain Unix socket connection (useful to check a server from the host).
+    VsockUnix(PathBuf),
 }
+
+/// The schemes, for error messages.
+const SCHEMES: &str = "unix:/path/to.sock, tcp:HOST:PORT, vsock:CID:PORT (vsock:PORT to \
+                       listen), vsock-unix:/path/to.sock_PORT (to listen) or ssh:[USER@]HOST:DIR";
 
 /// A server started on demand through ssh: the client runs `ssh DESTINATION REMOTE_TETHER
 /// serve --stdio DIR` and speaks the protocol over that command's input and output. ssh
@@ -89,14 +108,20 @@ fn shell_quote(s: &str) -> String {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AddressError {
-    #[error(
-        "address {0:?} has no scheme: use unix:/path/to.sock, tcp:HOST:PORT or ssh:[USER@]HOST:DIR"
-    )]
+    #[error("address {0:?} has no scheme: use {SCHEMES}")]
     NoScheme(String),
-    #[error(
-        "unknown transport {0:?}: use unix:/path/to.sock, tcp:HOST:PORT or ssh:[USER@]HOST:DIR"
-    )]
+    #[error("unknown transport {0:?}: use {SCHEMES}")]
     UnknownScheme(String),
+    #[error(
+        "bad vsock address {address:?}: {why}; use vsock:CID:PORT to connect (CID 2 is the \
+         host) or vsock:PORT to listen"
+    )]
+    BadVsock { address: String, why: String },
+    #[error(
+        "{0:?} is an address to listen on (any CID): to connect, name the CID too, as in \
+         vsock:2:PORT (CID 2 is the host)"
+    )]
+    VsockNoCid(String),
     #[error("ssh address {0:?} needs [USER@]HOST:DIR")]
     NoSshDir(String),
     #[error("empty socket path in {0:?}")]
@@ -135,8 +160,68 @@ impl FromStr for Address {
                 }
                 _ => Err(AddressError::NoSshDir(s.to_string())),
             },
+            "vsock" => parse_vsock(s, rest),
+            "vsock-unix" => {
+                if rest.is_empty() {
+                    return Err(AddressError::EmptyPath(s.to_string()));
+                }
+                Ok(Address::VsockUnix(PathBuf::from(rest)))
+            }
             other => Err(AddressError::UnknownScheme(other.to_string())),
         }
+    }
+}
+
+/// `CID:PORT` or `PORT` of a vsock address `s`.
+fn parse_vsock(s: &str, rest: &str) -> Result<Address, AddressError> {
+    let bad = |why: String| AddressError::BadVsock {
+        address: s.to_string(),
+        why,
+    };
+    let number = |what: &str, n: &str| {
+        if n.is_empty() {
+            return Err(bad(format!("the {what} is missing")));
+        }
+        n.parse::<u32>().map_err(|_| {
+            bad(format!(
+                "the {what} {n:?} is not a number from 0 to {}",
+                u32::MAX
+            ))
+        })
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    match parts[..] {
+        [port] => Ok(Address::Vsock {
+            cid: vsock::CID_ANY,
+            port: number("port", port)?,
+        }),
+        [cid, port] => Ok(Address::Vsock {
+            cid: number("CID", cid)?,
+            port: number("port", port)?,
+        }),
+        _ => Err(bad("too many colons".to_string())),
+    }
+}
+
+impl Address {
+    /// This address, if a client can connect to it: a vsock address must name its CID.
+    pub fn for_connecting(self) -> Result<Address, AddressError> {
+        match self {
+            Address::Vsock { cid, .. } if cid == vsock::CID_ANY => {
+                Err(AddressError::VsockNoCid(self.to_string()))
+            }
+            Address::Vsock { port, .. } if port == vsock::PORT_ANY => Err(AddressError::BadVsock {
+                address: self.to_string(),
+                why: format!("port {port} means any port, which only a listener can use"),
+            }),
+            other => Ok(other),
+        }
+    }
+
+    /// Whether a server on this address must require the secret: every listener whose peers
+    /// the kernel cannot name as a local user (TCP, vsock, hybrid vsock).
+    pub fn needs_secret(&self) -> bool {
+        !matches!(self, Address::Unix(_) | Address::Ssh(_))
     }
 }
 
@@ -160,6 +245,9 @@ impl std::fmt::Display for Address {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
             Address::Tcp(a) => write!(f, "tcp:{a}"),
             Address::Ssh(t) => write!(f, "ssh:{}:{}", t.destination, t.dir),
+            Address::Vsock { cid, port } if *cid == vsock::CID_ANY => write!(f, "vsock:{port}"),
+            Address::Vsock { cid, port } => write!(f, "vsock:{cid}:{port}"),
+            Address::VsockUnix(p) => write!(f, "vsock-unix:{}", p.display()),
         }
     }
 }
@@ -198,6 +286,7 @@ pub struct Socket {
 enum SocketKind {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Vsock(VsockStream),
 }
 
 impl Socket {
@@ -207,6 +296,7 @@ impl Socket {
         match &self.kind {
             SocketKind::Unix(s) => s.set_read_timeout(t),
             SocketKind::Tcp(s) => s.set_read_timeout(t),
+            SocketKind::Vsock(s) => s.set_read_timeout(t),
         }
     }
     fn shutdown(&self) {
@@ -223,6 +313,7 @@ impl Socket {
         let _ = match &self.kind {
             SocketKind::Unix(s) => s.shutdown(how),
             SocketKind::Tcp(s) => s.shutdown(how),
+            SocketKind::Vsock(s) => s.shutdown(how),
         };
     }
     fn halves(&self) -> io::Result<(Box<dyn Read + Send>, Box<dyn Write + Send>)> {
@@ -233,6 +324,10 @@ impl Socket {
                 Box::new(s.try_clone()?),
             ),
             SocketKind::Tcp(s) => (
+                Box::new(SocketReader::new(s.try_clone()?, t)),
+                Box::new(s.try_clone()?),
+            ),
+            SocketKind::Vsock(s) => (
                 Box::new(SocketReader::new(s.try_clone()?, t)),
                 Box::new(s.try_clone()?),
             ),
@@ -343,6 +438,20 @@ pub fn connect(addr: &Address) -> io::Result<Stream> {
         }
         Address::Tcp(a) => Stream::from_tcp(TcpStream::connect(a.as_str())?),
         Address::Ssh(t) => ssh::connect(t, addr.to_string()),
+        Address::Vsock { cid, port } => {
+            // Checked before any socket is made: a listening address cannot be dialled.
+            let (cid, port) = match addr.clone().for_connecting() {
+                Ok(_) => (*cid, *port),
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
+            };
+            let s = VsockStream::connect(cid, port)?;
+            Stream::from_socket(SocketKind::Vsock(s), addr.to_string(), None)
+        }
+        Address::VsockUnix(p) => {
+            let s = UnixStream::connect(p)?;
+            let cred = peer_cred(&s).ok();
+            Stream::from_socket(SocketKind::Unix(s), addr.to_string(), cred)
+        }
     }
 }
 
@@ -358,6 +467,36 @@ pub enum Listener {
         file: OwnSocketFile,
     },
     Tcp(TcpListener),
+    Vsock(VsockListener),
+    /// A Unix socket a VMM forwards guests' vsock connections to ([`Address::VsockUnix`]):
+    /// accepted streams carry no peer credentials, so a server authenticates them by the
+    /// secret, as on TCP.
+    VsockUnix {
+        listener: UnixListener,
+        file: OwnSocketFile,
+    },
+}
+
+/// Binds a Unix socket at `path`, mode 0600 (or 0660 for `socket_group`).
+fn bind_unix(
+    path: &std::path::Path,
+    socket_group: Option<u32>,
+) -> io::Result<(UnixListener, OwnSocketFile)> {
+    clear_stale_socket(path)?;
+    // Created 0600 from the start: no moment where others could connect.
+    // SAFETY: umask only changes this process's file creation mask; it is
+    // restored right after.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    let file = OwnSocketFile::new(path);
+    if let Some(gid) = socket_group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    }
+    Ok((listener, file))
 }
 
 impl Listener {
@@ -368,23 +507,15 @@ impl Listener {
     pub fn bind(addr: &Address, socket_group: Option<u32>) -> io::Result<Listener> {
         match addr {
             Address::Unix(path) => {
-                clear_stale_socket(path)?;
-                // Created 0600 from the start: no moment where others could connect.
-                // SAFETY: umask only changes this process's file creation mask; it is
-                // restored right after.
-                let old = unsafe { libc::umask(0o177) };
-                let bound = UnixListener::bind(path);
-                // SAFETY: as above.
-                unsafe { libc::umask(old) };
-                let listener = bound?;
-                let file = OwnSocketFile::new(path);
-                if let Some(gid) = socket_group {
-                    std::os::unix::fs::chown(path, None, Some(gid))?;
-                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-                }
+                let (listener, file) = bind_unix(path, socket_group)?;
                 Ok(Listener::Unix { listener, file })
             }
+            Address::VsockUnix(path) => {
+                let (listener, file) = bind_unix(path, socket_group)?;
+                Ok(Listener::VsockUnix { listener, file })
+            }
             Address::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a.as_str())?)),
+            Address::Vsock { cid, port } => Ok(Listener::Vsock(VsockListener::bind(*cid, *port)?)),
             Address::Ssh(_) => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "an ssh address is for mounting: on the host, ssh starts `tether serve --stdio`",
@@ -397,6 +528,11 @@ impl Listener {
         match self {
             Listener::Unix { file, .. } => Ok(Address::Unix(file.path().to_path_buf())),
             Listener::Tcp(l) => Ok(Address::Tcp(l.local_addr()?.to_string())),
+            Listener::Vsock(l) => {
+                let (cid, port) = l.local_addr()?;
+                Ok(Address::Vsock { cid, port })
+            }
+            Listener::VsockUnix { file, .. } => Ok(Address::VsockUnix(file.path().to_path_buf())),
         }
     }
 
@@ -414,13 +550,29 @@ impl Listener {
                 Stream::from_socket(SocketKind::Unix(s), peer, Some(cred))
             }
             Listener::Tcp(l) => Stream::from_tcp(l.accept()?.0),
+            Listener::Vsock(l) => {
+                let (s, (cid, port)) = l.accept()?;
+                Stream::from_socket(SocketKind::Vsock(s), format!("vsock:{cid}:{port}"), None)
+            }
+            Listener::VsockUnix { listener, file } => {
+                let (s, _) = listener.accept()?;
+                // The peer is the VMM, not the guest's user: its credentials are for the
+                // log only, and the stream carries none, so the server asks for the secret
+                // instead of checking a uid.
+                let vmm = match peer_cred(&s) {
+                    Ok(c) => format!(" (VMM pid {} uid {})", c.pid, c.uid),
+                    Err(_) => String::new(),
+                };
+                let peer = format!("vsock-unix:{}{vmm}", file.path().display());
+                Stream::from_socket(SocketKind::Unix(s), peer, None)
+            }
         }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix { file, .. } = self {
+        if let Listener::Unix { file, .. } | Listener::VsockUnix { file, .. } = self {
             file.remove();
         }
     }
@@ -545,6 +697,147 @@ mod tests {
             "unix:".parse::<Address>(),
             Err(AddressError::EmptyPath(_))
         ));
+    }
+
+    #[test]
+    fn vsock_addresses_parse_and_display_round_trip() {
+        // No test opens an AF_VSOCK socket: this machine's vsock leads to its own host.
+        for (text, addr) in [
+            ("vsock:2:7070", Address::Vsock { cid: 2, port: 7070 }),
+            ("vsock:3:1", Address::Vsock { cid: 3, port: 1 }),
+            (
+                "vsock:4294967295:0",
+                Address::Vsock {
+                    cid: 4294967295,
+                    port: 0,
+                },
+            ),
+            // A listening address: any CID.
+            (
+                "vsock:7070",
+                Address::Vsock {
+                    cid: vsock::CID_ANY,
+                    port: 7070,
+                },
+            ),
+            (
+                "vsock-unix:/run/fc/v.sock_7070",
+                Address::VsockUnix("/run/fc/v.sock_7070".into()),
+            ),
+        ] {
+            assert_eq!(text.parse::<Address>(), Ok(addr.clone()), "{text}");
+            // What /proc/mounts (tether:{addr}) and `tether status` show.
+            let shown = addr.to_string();
+            let expected = if text == "vsock:4294967295:0" {
+                "vsock:0" // CID_ANY is written the short way
+            } else {
+                text
+            };
+            assert_eq!(shown, expected);
+            assert_eq!(shown.parse::<Address>(), Ok(addr));
+        }
+        assert_eq!(
+            Address::Vsock { cid: 2, port: 7070 }.to_string(),
+            "vsock:2:7070"
+        );
+    }
+
+    #[test]
+    fn bad_vsock_addresses_say_what_is_wrong() {
+        let err = |s: &str| s.parse::<Address>().unwrap_err().to_string();
+        let e = err("vsock:x:1");
+        assert!(e.contains("the CID \"x\" is not a number"), "{e}");
+        assert!(e.contains("vsock:CID:PORT"), "{e}");
+        let e = err("vsock:2:4294967296");
+        assert!(e.contains("the port \"4294967296\" is not a number"), "{e}");
+        let e = err("vsock:2:-1");
+        assert!(e.contains("the port \"-1\""), "{e}");
+        let e = err("vsock:");
+        assert!(e.contains("the port is missing"), "{e}");
+        let e = err("vsock::7070");
+        assert!(e.contains("the CID is missing"), "{e}");
+        let e = err("vsock:2:");
+        assert!(e.contains("the port is missing"), "{e}");
+        let e = err("vsock:1:2:3");
+        assert!(e.contains("too many colons"), "{e}");
+        assert!(matches!(
+            "vsock-unix:".parse::<Address>(),
+            Err(AddressError::EmptyPath(_))
+        ));
+        // The scheme list names vsock.
+        assert!(err("udp:1").contains("vsock:CID:PORT"));
+
+        // `vsock:2` is port 2 on any CID: fine to listen on, but a client must name the
+        // CID. (for_connecting is a pure check; connect() runs it before making a socket.)
+        let listen: Address = "vsock:2".parse().unwrap();
+        let e = listen.for_connecting().unwrap_err().to_string();
+        assert!(e.contains("vsock:2:PORT"), "{e}");
+        let e = Address::Vsock {
+            cid: 2,
+            port: vsock::PORT_ANY,
+        }
+        .for_connecting()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("any port"), "{e}");
+        assert!(Address::Vsock { cid: 2, port: 7070 }
+            .for_connecting()
+            .is_ok());
+    }
+
+    #[test]
+    fn listeners_that_need_the_secret() {
+        for (text, needs) in [
+            ("unix:/s", false),
+            ("ssh:h:d", false),
+            ("tcp:127.0.0.1:1", true),
+            ("vsock:7070", true),
+            ("vsock:2:7070", true),
+            ("vsock-unix:/s_7070", true),
+        ] {
+            assert_eq!(
+                text.parse::<Address>().unwrap().needs_secret(),
+                needs,
+                "{text}"
+            );
+        }
+    }
+
+    /// The hybrid listener is a Unix socket (0600), and what it accepts carries no peer
+    /// credentials, so the server asks for the secret instead of checking a uid.
+    #[test]
+    fn vsock_unix_listener_accepts_without_peer_credentials() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("tether-vsock-unix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("v.sock_7070");
+        let addr = Address::VsockUnix(path.clone());
+        let listener = Listener::bind(&addr, None).unwrap();
+        assert_eq!(listener.local_address().unwrap(), addr);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let t = std::thread::spawn(move || {
+            let mut s = connect(&Address::Unix(path)).unwrap();
+            s.writer.write_all(b"ping").unwrap();
+            let mut buf = [0u8; 4];
+            s.reader.read_exact(&mut buf).unwrap();
+            buf
+        });
+        let mut s = listener.accept().unwrap();
+        assert!(s.peer_cred.is_none());
+        assert!(s.peer.starts_with("vsock-unix:"), "{}", s.peer);
+        assert!(s.peer.contains("v.sock_7070 (VMM pid"), "{}", s.peer);
+        let mut buf = [0u8; 4];
+        s.reader.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        s.writer.write_all(b"pong").unwrap();
+        assert_eq!(&t.join().unwrap(), b"pong");
+        drop(listener);
+        assert!(
+            !dir.join("v.sock_7070").exists(),
+            "the socket file is removed"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
+mod mount_helper;
 mod secret;
 
+use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,11 +39,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Export DIR (on the host).
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve {
         /// The directory to export.
         dir: PathBuf,
-        /// Where to listen: unix:/path/to.sock or tcp:HOST:PORT. A stale socket at the path
-        /// (its server gone) is replaced; anything else there is refused, never removed.
+        /// Where to listen: unix:/path/to.sock, tcp:HOST:PORT, vsock:PORT (AF_VSOCK, any CID:
+        /// the host of VMs with a vhost-vsock device), or vsock-unix:/path/to.sock_PORT (the
+        /// Unix socket that Firecracker, Cloud Hypervisor or vhost-device-vsock forwards a
+        /// guest's connections to host vsock port PORT to). A stale socket at the path (its
+        /// server gone) is replaced; anything else there is refused, never removed.
         #[arg(long, short, required_unless_present = "stdio")]
         listen: Option<String>,
         /// Serve one client on standard input and output, then exit: what a client
@@ -58,12 +64,14 @@ enum Command {
         /// limit).
         #[arg(long, default_value_t = 0)]
         max_handles: usize,
-        /// The secret clients must prove they know. Required on TCP, where it defaults to
-        /// ~/.config/tether/secret (created, mode 0600, on first use); optional on Unix
-        /// sockets, which admit only the serving user (and --socket-group) anyway.
+        /// The secret clients must prove they know. Required on TCP, vsock and vsock-unix,
+        /// where it defaults to ~/.config/tether/secret (created, mode 0600, on first use);
+        /// optional on Unix sockets, which admit only the serving user (and --socket-group)
+        /// anyway.
         #[arg(long)]
         secret_file: Option<PathBuf>,
-        /// Also admit members of this group to the Unix socket (created 0660 instead of 0600).
+        /// Also admit members of this group to the Unix socket (created 0660 instead of 0600);
+        /// for vsock-unix, a VMM running as another user in this group.
         #[arg(long)]
         socket_group: Option<String>,
         /// File ownership as guests see it: squash (every file is the guest owner's, new
@@ -81,9 +89,14 @@ enum Command {
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     /// With files open under the mount, Ctrl-C unmounts once they close; a second Ctrl-C
     /// detaches at once (open files keep working), a third stops the process.
+    ///
+    /// Installed as /sbin/mount.tether (a symbolic link to tether), it is mount(8)'s helper
+    /// for `mount -t tether` and fstab lines (docs/install.md).
+    #[command(after_help = MOUNT_EXAMPLES)]
     Mount {
-        /// The server: unix:/path/to.sock, tcp:HOST:PORT, or ssh:[USER@]HOST:DIR (runs
-        /// `tether serve --stdio DIR` there through ssh).
+        /// The server: unix:/path/to.sock, tcp:HOST:PORT, vsock:CID:PORT (from a VM guest:
+        /// vsock:2:PORT is its host), or ssh:[USER@]HOST:DIR (runs `tether serve --stdio
+        /// DIR` there through ssh).
         address: String,
         mountpoint: PathBuf,
         #[command(flatten)]
@@ -131,8 +144,8 @@ enum Command {
         /// (strict overcommit), the mount uses /dev/fuse and its log says why.
         #[arg(long)]
         io_uring: bool,
-        /// The server's secret (a copy of its secret file); needed for TCP servers. Defaults
-        /// to ~/.config/tether/secret when that exists.
+        /// The server's secret (a copy of its secret file); needed for TCP and vsock servers.
+        /// Defaults to ~/.config/tether/secret when that exists.
         #[arg(long)]
         secret_file: Option<PathBuf>,
         /// The guest user files appear to belong to when the server squashes ownership
@@ -150,6 +163,13 @@ enum Command {
         /// until the mount goes away).
         #[arg(long)]
         nonempty: bool,
+        /// Return once the mount is up, leaving a detached process to serve it (stopped by
+        /// `tether unmount` or umount); fails with the reason if mounting fails.
+        #[arg(long, short)]
+        background: bool,
+        /// With --background: where the mount process logs (appended; default: nowhere).
+        #[arg(long, requires = "background", value_name = "FILE")]
+        log: Option<PathBuf>,
     },
     /// Connect and authenticate to a server, and report what it offers; changes nothing.
     Check {
@@ -194,8 +214,49 @@ enum Command {
     Latency(tether_bench::LatencyArgs),
 }
 
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  tether serve ~/src --listen unix:/run/user/1000/tether.sock
+  tether serve ~/src --listen tcp:127.0.0.1:7070      # secret: ~/.config/tether/secret
+  tether serve ~/src --listen vsock:7070              # VMs with vhost-vsock (libvirt, QEMU)
+  tether serve ~/src --listen vsock-unix:/run/fc/v.sock_7070
+      # Firecracker (uds_path /run/fc/v.sock), Cloud Hypervisor (--vsock socket=...),
+      # vhost-device-vsock (uds-path=...): guests connect to vsock:2:7070
+  (copy the secret file into each guest; docs/install.md)";
+
+const MOUNT_EXAMPLES: &str = "\
+Examples:
+  tether mount vsock:2:7070 /mnt/src --secret-file /etc/tether/secret
+  tether mount --background --log /var/log/tether.log vsock:2:7070 /mnt/src
+  tether mount tcp:10.0.2.2:7070 /mnt/src --writes behind
+  tether mount ssh:me@host:src /mnt/src
+  mount -t tether vsock:2:7070 /mnt/src -o secret-file=/etc/tether/secret
+fstab (with /sbin/mount.tether -> tether):
+  vsock:2:7070  /mnt/src  tether  _netdev,nofail,secret-file=/etc/tether/secret  0 0";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    // As mount(8)'s helper: `mount.tether SOURCE DIR [-sfnv] [-o OPTIONS]`.
+    let helper = args
+        .first()
+        .is_some_and(|a| mount_helper::invoked_as_helper(a));
+    if helper {
+        match mount_helper::helper_args(&args[1..]) {
+            Ok(call) if call.fake => {
+                let words: Vec<_> = call.args.iter().map(|a| a.to_string_lossy()).collect();
+                eprintln!("mount.tether: -f: would run: tether {}", words.join(" "));
+                return ExitCode::SUCCESS;
+            }
+            Ok(call) => args = std::iter::once("tether".into()).chain(call.args).collect(),
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    // Set in a background mount's own process: the pipe to report on.
+    mount_helper::take_ready_pipe();
+    let cli = Cli::parse_from(&args);
     let default_level = match cli.verbose {
         0 => "info",
         1 => "debug",
@@ -211,8 +272,22 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(cli.command) {
+    let context = RunContext {
+        args: args[1..].to_vec(),
+        verbose: cli.verbose > 0,
+    };
+    let result = run(cli.command, context);
+    if let Err(e) = &result {
+        // A background mount that failed tells the waiting parent why.
+        mount_helper::signal_failed(e);
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if helper => {
+            eprintln!("mount.tether: {e:#}");
+            // mount(8)'s code for a failed mount.
+            ExitCode::from(32)
+        }
         Err(e) => {
             eprintln!("tether: {e:#}");
             ExitCode::FAILURE
@@ -341,7 +416,9 @@ fn parse_address(s: &str) -> Result<Address> {
 
 /// Parses a client's address; an ssh one takes its command from `ssh`.
 fn client_address(s: &str, ssh: SshArgs) -> Result<Address> {
-    let mut addr = parse_address(s)?;
+    let mut addr = parse_address(s)?
+        .for_connecting()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Address::Ssh(t) = &mut addr {
         t.command = ssh
             .ssh_command
@@ -427,7 +504,15 @@ fn group_id(name: &str) -> Result<u32> {
 /// How long a stopping server waits for its sessions to answer what they read.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn run(cmd: Command) -> Result<()> {
+/// What `run` needs besides the command.
+struct RunContext {
+    /// The command line after the program name (as tether's, for a mount.tether call), to
+    /// run again for a background mount.
+    args: Vec<OsString>,
+    verbose: bool,
+}
+
+fn run(cmd: Command, context: RunContext) -> Result<()> {
     match cmd {
         Command::Serve {
             dir,
@@ -467,12 +552,12 @@ fn run(cmd: Command) -> Result<()> {
             };
             let addr = parse_address(&listen)?;
             let socket_group = socket_group.as_deref().map(group_id).transpose()?;
-            if socket_group.is_some() && !matches!(addr, Address::Unix(_)) {
+            if socket_group.is_some() && !matches!(addr, Address::Unix(_) | Address::VsockUnix(_)) {
                 bail!("--socket-group applies to Unix sockets only");
             }
             let secret = match (&addr, secret_file) {
                 (_, Some(path)) => Some(secret::load(&path)?),
-                (Address::Tcp(hostport), None) => {
+                (addr, None) if addr.needs_secret() => {
                     let path = secret::default_path()?;
                     let (secret, created) = secret::load_or_create(&path)?;
                     if created {
@@ -482,7 +567,13 @@ fn run(cmd: Command) -> Result<()> {
                             path.display()
                         );
                     }
-                    let loopback = tether_transport::is_loopback(hostport).unwrap_or(false);
+                    let loopback = match addr {
+                        Address::Tcp(hostport) => {
+                            tether_transport::is_loopback(hostport).unwrap_or(false)
+                        }
+                        // vsock stays between a host and its guests.
+                        _ => true,
+                    };
                     if !loopback {
                         eprintln!(
                             "tether: note: clients must prove they know the secret, but the \
@@ -492,7 +583,7 @@ fn run(cmd: Command) -> Result<()> {
                     Some(secret)
                 }
                 // Listener::bind refuses an ssh address, saying why.
-                (Address::Unix(_) | Address::Ssh(_), None) => None,
+                (_, None) => None,
             };
             let export = Export::open(&dir, &export_options)
                 .with_context(|| format!("cannot export {}", dir.display()))?;
@@ -501,8 +592,10 @@ fn run(cmd: Command) -> Result<()> {
             let bound = listener.local_address()?;
             // Remove the socket file on Ctrl-C / SIGTERM as well as on a normal exit.
             let socket_file = match &bound {
-                Address::Unix(p) => Some(tether_transport::OwnSocketFile::new(p)),
-                Address::Tcp(_) | Address::Ssh(_) => None,
+                Address::Unix(p) | Address::VsockUnix(p) => {
+                    Some(tether_transport::OwnSocketFile::new(p))
+                }
+                Address::Tcp(_) | Address::Ssh(_) | Address::Vsock { .. } => None,
             };
             let drain = Arc::new(tether_server::Drain::default());
             drain_on_signals(drain.clone(), socket_file, true)?;
@@ -541,7 +634,23 @@ fn run(cmd: Command) -> Result<()> {
             gid,
             timeout,
             nonempty,
+            background,
+            log,
         } => {
+            if background && !mount_helper::in_background() {
+                return mount_helper::mount_in_background(
+                    &context.args,
+                    log.as_deref(),
+                    context.verbose,
+                );
+            }
+            // A background mount changes to / once mounted: keep the mount point's path valid.
+            let mountpoint = if mount_helper::in_background() {
+                mount_helper::absolute(&mountpoint)?
+            } else {
+                mountpoint
+            };
+            mount_helper::ensure_dev_fuse()?;
             let addr = client_address(&address, ssh)?;
             if check_mount_point(&mountpoint)? == MountPointCheck::NotEmpty && !nonempty {
                 eprintln!(
@@ -601,6 +710,7 @@ fn run(cmd: Command) -> Result<()> {
                     .ok();
             let mut mounted = Mounted::new(&client, &mountpoint, &opts)
                 .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+            mount_helper::signal_ready();
             let unmounter = mounted.unmounter();
             let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
             let mp = mountpoint.clone();
