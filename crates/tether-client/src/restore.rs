@@ -14,8 +14,8 @@ use tether_proto::{
 };
 
 use crate::cache::coherence::Coherence;
-use crate::known::{Binding, Known, OpenHandle};
 use crate::fuse::locks::HeldLocks;
+use crate::known::{Binding, Known, OpenHandle};
 use crate::rpc::{Connection, Restorer};
 use crate::write::spares::Spares;
 

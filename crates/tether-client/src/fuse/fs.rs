@@ -24,7 +24,6 @@ use tether_proto::{
 
 use super::reply::{errno, file_attr, kind_of_dtype, set_time};
 use crate::cache::coherence::{Coherence, WATCHED_TTL};
-use crate::known::{Binding, Known, OpenHandle};
 use crate::cache::known_attrs::KnownAttrs;
 use crate::cache::partial_pages::PartialPages;
 use crate::cache::prefetch::Prefetch;
@@ -32,6 +31,7 @@ use crate::cache::written_files::WrittenFiles;
 use crate::fuse::locks::{LockRequest, Locks};
 use crate::invalidate::fixer::AttrFixer;
 use crate::invalidate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
+use crate::known::{Binding, Known, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::write::behind::{self, WriteBehind};
 use crate::write::mode::WriteMode;

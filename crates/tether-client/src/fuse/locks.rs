@@ -39,8 +39,8 @@ use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
 use crate::cache::coherence::Coherence;
-use crate::known::Known;
 use crate::fuse::reply::errno;
+use crate::known::Known;
 use crate::rpc::{Connection, ReplyResult};
 use crate::sys::mount_dir::MountDir;
 
