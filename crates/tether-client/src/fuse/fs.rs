@@ -147,15 +147,118 @@ impl TetherFs {
         self.pages.clone()
     }
 
-    /// The replayer, if `req` comes from its thread.
-    fn replaying(&self, req: &FuseRequest) -> Option<&Arc<Replayer>> {
-        self.replayer.as_ref().filter(|r| r.is_replay(req.pid()))
+    /// `req` as the handlers see it, with who caused it: told once, where the request comes
+    /// in.
+    fn asked<'a>(&'a self, req: &'a FuseRequest) -> Asked<'a> {
+        Asked {
+            req,
+            origin: self.origin(req.pid()),
+        }
     }
 
-    /// `req` re-states the host's attributes to the kernel (a replay, or invalidate/fixer.rs): it
-    /// must be answered with them and change nothing on the host.
-    fn restating(&self, req: &FuseRequest) -> bool {
-        self.replaying(req).is_some() || self.co.fixer().is_some_and(|f| f.is_restating(req.pid()))
+    /// Who caused a request, from the thread id FUSE reports as its pid. The replay thread is
+    /// told first; a fix step (restating) runs on a fixing thread, as `AttrFixer::apply` only
+    /// runs on threads bound to the fixer.
+    fn origin(&self, pid: u32) -> Origin<'_> {
+        if let Some(r) = self.replayer.as_ref().filter(|r| r.is_replay(pid)) {
+            return Origin::Replay(r);
+        }
+        match self.co.fixer() {
+            Some(fixer) if fixer.is_fixer(pid) => Origin::Fixer {
+                fixer,
+                pid,
+                restating: fixer.is_restating(pid),
+            },
+            _ => Origin::Guest,
+        }
+    }
+}
+
+/// A kernel request as the handlers see it ([`TetherFs::asked`]): fuser's request, and who
+/// caused it.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    req: &'a FuseRequest,
+    origin: Origin<'a>,
+}
+
+impl Asked<'_> {
+    /// The caller the server is told of.
+    fn caller(self) -> Caller {
+        Caller {
+            uid: self.req.uid(),
+            gid: self.req.gid(),
+            pid: self.req.pid(),
+        }
+    }
+
+    fn uid(self) -> u32 {
+        self.req.uid()
+    }
+
+    fn gid(self) -> u32 {
+        self.req.gid()
+    }
+
+    fn unique(self) -> fuser::RequestId {
+        self.req.unique()
+    }
+}
+
+/// Who caused a kernel request ([`TetherFs::origin`]): the mount's own helper threads act
+/// through it too, and their requests are answered differently. (Not the protocol's
+/// [`Caller`], the uid, gid and pid a request is made with on the host.)
+#[derive(Clone, Copy)]
+enum Origin<'a> {
+    /// Anyone else: an application in the guest.
+    Guest,
+    /// The replay thread (invalidate/host_events.rs), imitating through the mount a change
+    /// the host already made, for the guest's inotify watches: it changes nothing.
+    Replay(&'a Arc<Replayer>),
+    /// A thread of the writeback cache's fixer (invalidate/fixer.rs), making the kernel's
+    /// sizes and mtimes the host's. `restating`: inside a fix step's truncate or utimens,
+    /// whose SETATTR re-states the host's attributes (its other SETATTRs, the kernel writing
+    /// back a dirty mtime, are real).
+    Fixer {
+        fixer: &'a Arc<AttrFixer>,
+        pid: u32,
+        restating: bool,
+    },
+}
+
+impl<'a> Origin<'a> {
+    /// The replayer, for a request of its thread.
+    fn replay(self) -> Option<&'a Arc<Replayer>> {
+        match self {
+            Origin::Replay(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The request re-states the host's attributes to the kernel (a replay, or a fix step):
+    /// it must be answered with them and change nothing on the host.
+    fn restates(self) -> bool {
+        matches!(
+            self,
+            Origin::Replay(_)
+                | Origin::Fixer {
+                    restating: true,
+                    ..
+                }
+        )
+    }
+
+    /// A fix step's SETATTR that a guest write has overtaken since the step was decided
+    /// (`AttrFixer::still_as_decided`, which reads the kernel's attributes: asked only here).
+    fn overtaken(self) -> bool {
+        match self {
+            Origin::Fixer {
+                fixer,
+                pid,
+                restating: true,
+            } => !fixer.still_as_decided(pid),
+            _ => false,
+        }
     }
 }
 
@@ -291,14 +394,6 @@ fn lock_spec(owner: LockOwner, flock: bool, typ: i32, start: u64, end: u64) -> L
     }
 }
 
-fn caller(req: &FuseRequest) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
-}
-
 fn name(n: &OsStr) -> Bytes {
     Bytes::copy_from_slice(n.as_bytes())
 }
@@ -332,12 +427,12 @@ impl TetherFs {
     /// A reply of the wrong shape is a server bug and becomes EIO.
     fn call<R: KernelReply>(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         msg: Request,
         reply: R,
         ok: impl FnOnce(R, Reply) -> Result<(), R> + Send + 'static,
     ) {
-        if msg.op().mutates() && self.replaying(req).is_some() {
+        if msg.op().mutates() && req.origin.replay().is_some() {
             // A replay only imitates a change the host already made (invalidate/host_events.rs).
             reply.fail(Errno::EPERM);
             return;
@@ -347,12 +442,7 @@ impl TetherFs {
 
     /// Sends `msg` for the kernel's `req`; `done` runs with the outcome. A change to a
     /// directory counts when sent and when answered (cache/known_attrs.rs).
-    fn send(
-        &self,
-        req: &FuseRequest,
-        msg: &Request,
-        done: impl FnOnce(ReplyResult) + Send + 'static,
-    ) {
+    fn send(&self, req: Asked<'_>, msg: &Request, done: impl FnOnce(ReplyResult) + Send + 'static) {
         self.send_answering_first(req, msg, done, || {});
     }
 
@@ -360,7 +450,7 @@ impl TetherFs {
     /// ([`Connection::call_answering_first`]): for requests answered early.
     fn send_answering_first(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         msg: &Request,
         done: impl FnOnce(ReplyResult) + Send + 'static,
         first: impl FnOnce(),
@@ -385,12 +475,12 @@ impl TetherFs {
             }
         };
         self.conn
-            .call_answering_first(caller(req), msg, done, first);
+            .call_answering_first(req.caller(), msg, done, first);
     }
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
-    fn entry_call(&self, req: &FuseRequest, parent: NodeId, msg: Request, reply: ReplyEntry) {
-        if let Some(r) = self.replaying(req) {
+    fn entry_call(&self, req: Asked<'_>, parent: NodeId, msg: Request, reply: ReplyEntry) {
+        if let Some(r) = req.origin.replay() {
             return self.replay_entry(req, r, parent, msg, reply);
         }
         let negative_ok = matches!(msg, Request::Lookup { .. });
@@ -399,7 +489,7 @@ impl TetherFs {
 
     fn send_entry(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         parent: NodeId,
         msg: Request,
         reply: ReplyEntry,
@@ -454,7 +544,7 @@ impl TetherFs {
     /// change nothing.
     fn replay_entry(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         r: &Arc<Replayer>,
         parent: NodeId,
         msg: Request,
@@ -479,13 +569,7 @@ impl TetherFs {
     }
 
     /// A lookup the replaying thread needs answered as the state before the host change.
-    fn replay_lookup(
-        &self,
-        req: &FuseRequest,
-        r: &Arc<Replayer>,
-        l: ReplayLookup,
-        reply: ReplyEntry,
-    ) {
+    fn replay_lookup(&self, req: Asked<'_>, r: &Arc<Replayer>, l: ReplayLookup, reply: ReplyEntry) {
         match l {
             l if l.absent() => reply.error(Errno::ENOENT),
             ReplayLookup::Removed { file_type } => replay_ghost(r, file_type, reply),
@@ -506,7 +590,7 @@ impl TetherFs {
     /// replay.
     fn replay_host_entry(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         r: &Arc<Replayer>,
         dir: NodeId,
         name: Bytes,
@@ -522,7 +606,7 @@ impl TetherFs {
         if node == 0 {
             return replay_ghost(&r, file_type, reply);
         }
-        let who = caller(req);
+        let who = req.caller();
         let msg = Request::Lookup {
             parent: dir,
             name: name.clone(),
@@ -555,8 +639,8 @@ impl TetherFs {
     }
 
     /// For unlink and rmdir: `name` goes from `parent` (a replay's went on the host already).
-    fn name_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
-        if let Some(r) = self.replaying(req) {
+    fn name_call(&self, req: Asked<'_>, msg: Request, reply: ReplyEmpty) {
+        if let Some(r) = req.origin.replay() {
             return replay_name_change(r, reply);
         }
         let (parent, name) = match &msg {
@@ -576,7 +660,7 @@ impl TetherFs {
         });
     }
 
-    fn empty_call(&self, req: &FuseRequest, msg: Request, reply: ReplyEmpty) {
+    fn empty_call(&self, req: Asked<'_>, msg: Request, reply: ReplyEmpty) {
         self.call(req, msg, reply, |reply, r| match r {
             Reply::Empty => {
                 reply.ok();
@@ -588,7 +672,7 @@ impl TetherFs {
 
     /// A GETATTR or SETATTR of `node`. The client keeps the reply to answer the next
     /// GETATTR itself while nothing touches the node (cache/known_attrs.rs).
-    fn attr_call(&self, req: &FuseRequest, node: NodeId, msg: Request, reply: ReplyAttr) {
+    fn attr_call(&self, req: Asked<'_>, node: NodeId, msg: Request, reply: ReplyAttr) {
         let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, node);
         self.call(req, msg, reply, answer);
     }
@@ -596,9 +680,9 @@ impl TetherFs {
     /// The kernel's GETATTR of `node` while writes answered early are on their way: their
     /// replies bring the attributes after them (WRITE_ATTR), so it is answered from those
     /// once they are in, and asked of the server only if they do not tell.
-    fn getattr_after_writes(&self, req: &FuseRequest, node: NodeId, fh: u64, reply: ReplyAttr) {
+    fn getattr_after_writes(&self, req: Asked<'_>, node: NodeId, fh: u64, reply: ReplyAttr) {
         let (co, known_attrs) = (self.co.clone(), self.known_attrs.clone());
-        let (fallback, conn, caller) = (self.cache.attr_ttl, self.conn.clone(), caller(req));
+        let (fallback, conn, caller) = (self.cache.attr_ttl, self.conn.clone(), req.caller());
         let then = Box::new(move || {
             let now = co.now();
             if let Some(a) = known_attrs.get(node, &co) {
@@ -622,7 +706,7 @@ impl TetherFs {
     /// open+read+close never leaves the guest; pushes revoke what went stale. Otherwise the
     /// server opens a handle and the kernel drops its pages at every open (close-to-open
     /// consistency, as NFS does).
-    fn open_call(&self, req: &FuseRequest, msg: Request, reply: ReplyOpen) {
+    fn open_call(&self, req: Asked<'_>, msg: Request, reply: ReplyOpen) {
         if self.co.enabled() {
             reply.error(Errno::ENOSYS);
             return;
@@ -643,7 +727,7 @@ impl TetherFs {
         });
     }
 
-    fn xattr_call(&self, req: &FuseRequest, msg: Request, reply: ReplyXattr) {
+    fn xattr_call(&self, req: Asked<'_>, msg: Request, reply: ReplyXattr) {
         self.call(req, msg, reply, |reply, r| match r {
             Reply::XattrSize(n) => {
                 reply.size(n);
@@ -658,7 +742,7 @@ impl TetherFs {
     }
 
     /// For readlink and read: bytes for the kernel.
-    fn data_call(&self, req: &FuseRequest, msg: Request, reply: ReplyData) {
+    fn data_call(&self, req: Asked<'_>, msg: Request, reply: ReplyData) {
         self.call(req, msg, reply, |reply, r| match r {
             Reply::Data(d) => {
                 reply.data(&d);
@@ -671,7 +755,7 @@ impl TetherFs {
     /// For write and copy_file_range. A WRITE's reply may carry the file's attributes
     /// after it (feature WRITE_ATTR), which the client keeps to answer the kernel's next
     /// GETATTR of the file itself (cache/known_attrs.rs).
-    fn written_call(&self, req: &FuseRequest, msg: Request, reply: ReplyWrite) {
+    fn written_call(&self, req: Asked<'_>, msg: Request, reply: ReplyWrite) {
         let (written, kept) = match &msg {
             Request::Write {
                 node, offset, data, ..
@@ -710,7 +794,7 @@ impl TetherFs {
     /// any write, and a failure goes to the file's next write or fsync (write/behind.rs).
     fn write_behind(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         node: NodeId,
         msg: Request,
         len: usize,
@@ -755,7 +839,7 @@ impl TetherFs {
     #[allow(clippy::too_many_arguments)]
     fn create_behind(
         &self,
-        req: &FuseRequest,
+        req: Asked<'_>,
         parent: NodeId,
         n: &OsStr,
         mode: u32,
@@ -782,7 +866,7 @@ impl TetherFs {
         let set_group_id = dir_attr.mode & libc::S_ISGID != 0;
         let key = PoolKey::new(parent, set_group_id, req.uid(), req.gid());
         let session = self.conn.stats.reconnects.load(Ordering::Relaxed);
-        ask_for_spares(&self.conn, &self.spares, key, parent, caller(req));
+        ask_for_spares(&self.conn, &self.spares, key, parent, req.caller());
         let Some(mut entry) = self.spares.take(key, session) else {
             return Err(reply);
         };
@@ -791,7 +875,7 @@ impl TetherFs {
             let forget = Request::Forget {
                 nodes: vec![(node, 1)],
             };
-            self.conn.send_oneway(caller(req), &forget);
+            self.conn.send_oneway(req.caller(), &forget);
             return Err(reply);
         }
         // The kernel asks for the directory's attributes before its next creation there:
@@ -861,7 +945,7 @@ impl TetherFs {
             }
         };
         let binding = Binding {
-            caller: caller(req),
+            caller: req.caller(),
             generation: entry.generation,
             mode,
             umask,
@@ -992,6 +1076,7 @@ impl Filesystem for TetherFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
+        let req = self.asked(req);
         let msg = Request::Getlk {
             node: ino.0,
             lock: lock_spec(lock_owner, false, typ, start, end),
@@ -1024,13 +1109,14 @@ impl Filesystem for TetherFs {
         flock: bool,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         let Some(locks) = &self.locks else {
             reply.error(Errno::ENOSYS);
             return;
         };
         let r = LockRequest {
             unique: req.unique().0,
-            who: caller(req),
+            who: req.caller(),
             node: ino.0,
             lock: lock_spec(lock_owner, flock, typ, start, end),
             tgid: pid,
@@ -1060,7 +1146,8 @@ impl Filesystem for TetherFs {
     }
 
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        if self.replaying(req).is_none() {
+        let req = self.asked(req);
+        if req.origin.replay().is_none() {
             if self.co.surely_absent(parent.0, n.as_bytes()) {
                 give_missing(reply); // as the server's ENOENT would be
                 return;
@@ -1079,13 +1166,14 @@ impl Filesystem for TetherFs {
     }
 
     fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
+        let req = self.asked(req);
         if ino.0 >= GHOST_BASE {
             return; // never known to the server
         }
         // Sent before the count drops: a reconnect's restore then either counts these
         // lookups and gets the FORGET after it, or counts none of them.
         self.conn.send_oneway(
-            caller(req),
+            req.caller(),
             &Request::Forget {
                 nodes: vec![(ino.0, nlookup)],
             },
@@ -1104,6 +1192,7 @@ impl Filesystem for TetherFs {
     }
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let req = self.asked(req);
         // Before the check: an invalidation after it shortens the answer's life.
         let now = self.co.now();
         if let Some(a) = self.known_attrs.get(ino.0, &self.co) {
@@ -1136,6 +1225,7 @@ impl Filesystem for TetherFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let req = self.asked(req);
         let mut valid = 0;
         if mode.is_some() {
             valid |= setattr_valid::MODE;
@@ -1167,14 +1257,10 @@ impl Filesystem for TetherFs {
         if self.killpriv && ((size.is_some() && req.uid() != 0) || nothing) {
             set.valid |= setattr_valid::KILL_SUIDGID;
         }
-        if self.restating(req) {
+        if req.origin.restates() {
             // Replayed truncate or chmod, or a fix of the kernel's size or mtime: the host
             // is already as it should be.
-            if self
-                .co
-                .fixer()
-                .is_some_and(|f| !f.still_as_decided(req.pid()))
-            {
+            if req.origin.overtaken() {
                 reply.error(Errno::EAGAIN);
                 return;
             }
@@ -1206,6 +1292,7 @@ impl Filesystem for TetherFs {
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
+        let req = self.asked(req);
         self.data_call(req, Request::Readlink { node: ino.0 }, reply);
     }
 
@@ -1219,6 +1306,7 @@ impl Filesystem for TetherFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let req = self.asked(req);
         let msg = Request::Mknod {
             parent: parent.0,
             name: name(n),
@@ -1238,6 +1326,7 @@ impl Filesystem for TetherFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let req = self.asked(req);
         self.entry_call(
             req,
             parent.0,
@@ -1252,6 +1341,7 @@ impl Filesystem for TetherFs {
     }
 
     fn unlink(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let req = self.asked(req);
         self.name_call(
             req,
             Request::Unlink {
@@ -1263,6 +1353,7 @@ impl Filesystem for TetherFs {
     }
 
     fn rmdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let req = self.asked(req);
         self.name_call(
             req,
             Request::Rmdir {
@@ -1281,6 +1372,7 @@ impl Filesystem for TetherFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        let req = self.asked(req);
         let msg = Request::Symlink {
             parent: parent.0,
             name: name(link),
@@ -1299,6 +1391,7 @@ impl Filesystem for TetherFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         let (from, to) = (name(n), name(new_name));
         let msg = Request::Rename {
             parent: parent.0,
@@ -1307,7 +1400,7 @@ impl Filesystem for TetherFs {
             new_name: to.clone(),
             flags: flags.bits(),
         };
-        if let Some(r) = self.replaying(req) {
+        if let Some(r) = req.origin.replay() {
             return replay_name_change(r, reply);
         }
         let known = self.known.clone();
@@ -1340,6 +1433,7 @@ impl Filesystem for TetherFs {
         new_name: &OsStr,
         reply: ReplyEntry,
     ) {
+        let req = self.asked(req);
         let msg = Request::Link {
             node: ino.0,
             new_parent: new_parent.0,
@@ -1349,6 +1443,7 @@ impl Filesystem for TetherFs {
     }
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let req = self.asked(req);
         self.open_call(
             req,
             Request::Open {
@@ -1370,6 +1465,7 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let req = self.asked(req);
         if self.keeps_written() {
             if let Some(data) = self.written.read(ino.0, offset, size, &self.co) {
                 reply.data(&data);
@@ -1398,6 +1494,7 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let req = self.asked(req);
         if let Some(e) = self.write_behind.take_error(ino.0) {
             reply.error(errno(e));
             return;
@@ -1427,7 +1524,7 @@ impl Filesystem for TetherFs {
             && self
                 .conn
                 .grants(tether_proto::handshake::features::ORDERED_WRITES)
-            && self.replaying(req).is_none()
+            && req.origin.replay().is_none()
             && behind::may_answer_early(data.len(), flags.0)
             && self.write_behind.begin(ino.0, data.len());
         if early {
@@ -1462,6 +1559,7 @@ impl Filesystem for TetherFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         if fh.0 == 0 {
             // No server handle (files the kernel does I/O on by node, see `create`): the
             // server has nothing to release.
@@ -1487,7 +1585,8 @@ impl Filesystem for TetherFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.co.fixer().is_some_and(|f| f.is_fixer(req.pid())) {
+        let req = self.asked(req);
+        if matches!(req.origin, Origin::Fixer { .. }) {
             // invalidate/fixer.rs: the fixer only wants the kernel's dirty data sent, not the
             // host's disk flushed.
             reply.ok();
@@ -1512,6 +1611,7 @@ impl Filesystem for TetherFs {
     }
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let req = self.asked(req);
         self.open_call(
             req,
             Request::Opendir {
@@ -1530,6 +1630,7 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        let req = self.asked(req);
         if self.co.listing_surely_ended(ino.0, offset) {
             reply.ok();
             return;
@@ -1578,6 +1679,7 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        let req = self.asked(req);
         // The kernel asks for what follows the last entry before it sees the end.
         if self.co.listing_surely_ended(ino.0, offset) {
             reply.ok();
@@ -1596,7 +1698,7 @@ impl Filesystem for TetherFs {
         let names = self.co.names_made();
         let (conn, known) = (self.conn.clone(), self.known.clone());
         let (known_attrs, since) = (self.known_attrs.clone(), self.known_attrs.looking());
-        let who = caller(req);
+        let who = req.caller();
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir { entries, end } => {
                 let last = entries.last().map(|e| e.offset);
@@ -1681,6 +1783,7 @@ impl Filesystem for TetherFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         self.known.released(fh.0);
         self.empty_call(
             req,
@@ -1700,6 +1803,7 @@ impl Filesystem for TetherFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         self.empty_call(
             req,
             Request::Fsyncdir {
@@ -1712,6 +1816,7 @@ impl Filesystem for TetherFs {
     }
 
     fn statfs(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyStatfs) {
+        let req = self.asked(req);
         self.call(
             req,
             Request::Statfs { node: ino.0 },
@@ -1738,6 +1843,7 @@ impl Filesystem for TetherFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         self.co.xattrs_changing(ino.0);
         let msg = Request::Setxattr {
             node: ino.0,
@@ -1749,6 +1855,7 @@ impl Filesystem for TetherFs {
     }
 
     fn getxattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let req = self.asked(req);
         if n.as_bytes() == b"security.capability" && self.co.known_without_capability(ino.0) {
             reply.error(Errno::ENODATA);
             return;
@@ -1765,10 +1872,12 @@ impl Filesystem for TetherFs {
     }
 
     fn listxattr(&self, req: &FuseRequest, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let req = self.asked(req);
         self.xattr_call(req, Request::Listxattr { node: ino.0, size }, reply);
     }
 
     fn removexattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let req = self.asked(req);
         self.co.xattrs_changing(ino.0);
         self.empty_call(
             req,
@@ -1781,6 +1890,7 @@ impl Filesystem for TetherFs {
     }
 
     fn access(&self, req: &FuseRequest, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let req = self.asked(req);
         self.empty_call(
             req,
             Request::Access {
@@ -1801,6 +1911,7 @@ impl Filesystem for TetherFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let req = self.asked(req);
         let Err(reply) = self.create_behind(req, parent.0, n, mode, umask, flags, reply) else {
             return;
         };
@@ -1817,7 +1928,7 @@ impl Filesystem for TetherFs {
             self.co.now(),
             parent.0,
         );
-        let (conn, who, known) = (self.conn.clone(), caller(req), self.known.clone());
+        let (conn, who, known) = (self.conn.clone(), req.caller(), self.known.clone());
         let created = name(n);
         let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.asking(dir));
         let written = self.keeps_written().then(|| self.written.clone());
@@ -1896,6 +2007,7 @@ impl Filesystem for TetherFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let req = self.asked(req);
         self.written.drop_copy(ino.0);
         let msg = Request::Fallocate {
             node: ino.0,
@@ -1934,6 +2046,7 @@ impl Filesystem for TetherFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let req = self.asked(req);
         let msg = Request::Lseek {
             node: ino.0,
             fh: fh.0,
@@ -1951,7 +2064,7 @@ impl Filesystem for TetherFs {
             // (the kernel does not write them back for an lseek). Writing them back needs
             // FUSE workers, so not on this one.
             Some(fixer) if finds_data => {
-                let (fixer, conn, who) = (fixer.clone(), self.conn.clone(), caller(req));
+                let (fixer, conn, who) = (fixer.clone(), self.conn.clone(), req.caller());
                 let spawned = std::thread::Builder::new()
                     .name("tether-seek".into())
                     .spawn(move || {
@@ -1979,6 +2092,7 @@ impl Filesystem for TetherFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let req = self.asked(req);
         let msg = Request::CopyFileRange {
             node_in: ino_in.0,
             fh_in: fh_in.0,
