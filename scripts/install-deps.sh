@@ -16,6 +16,17 @@ command -v inotifywait >/dev/null || need+=(inotify-tools)
 # The ssh transport's tests run a private sshd on 127.0.0.1.
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# The VM tests (crates/tether/tests/vm.rs): QEMU, the guest's kernel, busybox, cpio and
+# kmod to build its initramfs, socat for QEMU's TCP forwards. scripts/vm/build-guest.sh,
+# which the tests run, installs these too, and vhost-device-vsock with cargo install.
+vm_need=()
+command -v qemu-system-x86_64 >/dev/null || vm_need+=(qemu-system-x86)
+ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || vm_need+=(linux-image-amd64)
+dpkg -s busybox-static >/dev/null 2>&1 || vm_need+=(busybox-static)
+command -v cpio >/dev/null || vm_need+=(cpio)
+command -v depmod >/dev/null || vm_need+=(kmod)
+command -v socat >/dev/null || vm_need+=(socat)
+command -v file >/dev/null || vm_need+=(file)
 for extra in "$@"; do
   dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done
@@ -34,6 +45,11 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if [ ${#vm_need[@]} -gt 0 ]; then
+  echo "installing for the VM tests: ${vm_need[*]}" >&2
+  [ ${#need[@]} -gt 0 ] || apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
 fi
 if [ ! -e /dev/fuse ]; then
   modprobe fuse 2>/dev/null || true
