@@ -1,5 +1,5 @@
 //! Names: LOOKUP, FORGET, and what makes or removes a name (MKNOD, MKDIR, SYMLINK, LINK,
-//! CREATE, UNLINK, RMDIR, RENAME), with what the client knows of each name (cache/known.rs,
+//! CREATE, UNLINK, RMDIR, RENAME), with what the client knows of each name (known.rs,
 //! cache/coherence.rs), the answers to the replay thread's requests (invalidate/host_events.rs),
 //! and creations answered early with a spare file (write/spares.rs).
 
