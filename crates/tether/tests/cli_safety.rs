@@ -205,6 +205,15 @@ fn logged_mount() -> LoggedMount {
     }
 }
 
+/// Waits until the log at `log` contains `text`.
+fn said(log: &Path, text: &str) {
+    common::wait_until(
+        &format!("the log says {text:?}"),
+        Duration::from_secs(10),
+        || fs::read_to_string(log).unwrap().contains(text),
+    );
+}
+
 #[test]
 fn a_signal_with_files_open_says_so_once_and_unmounts_when_they_close() {
     require_mount!();
@@ -214,15 +223,7 @@ fn a_signal_with_files_open_says_so_once_and_unmounts_when_they_close() {
     let held = fs::File::open(t.mnt.join("held")).unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(t.mount.child.id() as i32, libc::SIGINT) };
-    common::wait_until(
-        "the mount says files are open",
-        Duration::from_secs(10),
-        || {
-            fs::read_to_string(&m.log)
-                .unwrap()
-                .contains("files are open under")
-        },
-    );
+    said(&m.log, "files are open under");
     std::thread::sleep(Duration::from_millis(500));
     assert!(common::is_mounted(&t.mnt), "unmounted with a file open");
     drop(held);
@@ -248,15 +249,7 @@ fn a_second_signal_detaches_lazily_and_open_files_keep_working() {
     let pid = t.mount.child.id() as i32;
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    common::wait_until(
-        "the mount says files are open",
-        Duration::from_secs(10),
-        || {
-            fs::read_to_string(&m.log)
-                .unwrap()
-                .contains("files are open under")
-        },
-    );
+    said(&m.log, "files are open under");
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     common::wait_until("the mount is detached", Duration::from_secs(10), || {

@@ -131,11 +131,7 @@ fn open_file_survives_unlink_and_rename_on_the_host() {
 #[test]
 fn tcp_loopback_mount_works() {
     require_mount!();
-    let dir = tempfile::tempdir().unwrap();
-    let export = dir.path().join("e");
-    let mnt = dir.path().join("m");
-    fs::create_dir(&export).unwrap();
-    fs::create_dir(&mnt).unwrap();
+    let (dir, export, mnt) = common::export_and_mount_point();
     fs::write(export.join("f"), b"over tcp").unwrap();
     // Find a free port, then serve on it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

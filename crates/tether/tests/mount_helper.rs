@@ -86,11 +86,7 @@ impl Drop for Cleanup {
 #[test]
 fn mount_tether_mounts_in_the_background_with_fstab_options() {
     require_mount!();
-    let dir = tempfile::tempdir().unwrap();
-    let export = dir.path().join("e");
-    let mnt = dir.path().join("m");
-    fs::create_dir(&export).unwrap();
-    fs::create_dir(&mnt).unwrap();
+    let (dir, export, mnt) = common::export_and_mount_point();
     fs::write(export.join("f"), b"from fstab").unwrap();
     let sock = dir.path().join("s.sock");
     let addr = format!("unix:{}", sock.display());
@@ -201,11 +197,7 @@ fn mount_tether_fails_with_the_reason() {
 #[test]
 fn background_mount_returns_once_mounted() {
     require_mount!();
-    let dir = tempfile::tempdir().unwrap();
-    let export = dir.path().join("e");
-    let mnt = dir.path().join("m");
-    fs::create_dir(&export).unwrap();
-    fs::create_dir(&mnt).unwrap();
+    let (dir, export, mnt) = common::export_and_mount_point();
     fs::write(export.join("f"), b"bg").unwrap();
     let sock = dir.path().join("s.sock");
     let addr = format!("unix:{}", sock.display());

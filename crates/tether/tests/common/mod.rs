@@ -459,6 +459,15 @@ impl Drop for Mount {
     }
 }
 
+/// A fresh temporary directory with an empty `e` (to export) and `m` (to mount on) in it.
+pub fn export_and_mount_point() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (export, mnt) = (dir.path().join("e"), dir.path().join("m"));
+    std::fs::create_dir(&export).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    (dir, export, mnt)
+}
+
 /// An export directory served over a Unix socket and mounted: the usual test setup.
 /// Field order matters: the mount is dropped (unmounted) before the server stops.
 pub struct TestMount {
