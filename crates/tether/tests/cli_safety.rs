@@ -214,16 +214,23 @@ fn said(log: &Path, text: &str) {
     );
 }
 
+/// A logged mount holding `held` (with `content`) open, sent `signal` once: it has said
+/// that files are open.
+fn signalled_with_a_file_open(content: &[u8], signal: i32) -> (LoggedMount, fs::File) {
+    let m = logged_mount();
+    fs::write(m.t.export.join("held"), content).unwrap();
+    let held = fs::File::open(m.t.mnt.join("held")).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(m.t.mount.child.id() as i32, signal) };
+    said(&m.log, "files are open under");
+    (m, held)
+}
+
 #[test]
 fn a_signal_with_files_open_says_so_once_and_unmounts_when_they_close() {
     require_mount!();
-    let mut m = logged_mount();
+    let (mut m, held) = signalled_with_a_file_open(b"x", libc::SIGINT);
     let t = &mut m.t;
-    fs::write(t.export.join("held"), b"x").unwrap();
-    let held = fs::File::open(t.mnt.join("held")).unwrap();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(t.mount.child.id() as i32, libc::SIGINT) };
-    said(&m.log, "files are open under");
     std::thread::sleep(Duration::from_millis(500));
     assert!(common::is_mounted(&t.mnt), "unmounted with a file open");
     drop(held);
@@ -242,16 +249,10 @@ fn a_signal_with_files_open_says_so_once_and_unmounts_when_they_close() {
 #[test]
 fn a_second_signal_detaches_lazily_and_open_files_keep_working() {
     require_mount!();
-    let mut m = logged_mount();
+    let (mut m, mut held) = signalled_with_a_file_open(b"still readable", libc::SIGTERM);
     let t = &mut m.t;
-    fs::write(t.export.join("held"), b"still readable").unwrap();
-    let mut held = fs::File::open(t.mnt.join("held")).unwrap();
-    let pid = t.mount.child.id() as i32;
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    said(&m.log, "files are open under");
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    unsafe { libc::kill(t.mount.child.id() as i32, libc::SIGTERM) };
     common::wait_until("the mount is detached", Duration::from_secs(10), || {
         !common::is_mounted(&t.mnt)
     });
