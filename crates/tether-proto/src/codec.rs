@@ -2,6 +2,8 @@
 
 use bytes::Bytes;
 
+use crate::{HandleId, NodeId};
+
 /// Why a frame or message could not be decoded. Every variant closes only the connection
 /// that sent it; none of them is a panic.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +64,19 @@ impl Encoder {
     }
     pub fn bool(&mut self, v: bool) -> &mut Self {
         self.u8(v as u8)
+    }
+    /// A node id: a u64.
+    pub fn node(&mut self, v: NodeId) -> &mut Self {
+        self.u64(v.get())
+    }
+    /// A node id that may be unknown (a host event's entry): a u64, 0 for none. (The
+    /// server issues no node id 0.)
+    pub fn maybe_node(&mut self, v: Option<NodeId>) -> &mut Self {
+        self.u64(v.map_or(0, NodeId::get))
+    }
+    /// A handle that may be absent: a u64, 0 for none.
+    pub fn handle(&mut self, v: Option<HandleId>) -> &mut Self {
+        self.u64(HandleId::to_wire(v))
     }
     /// A name: u16 length, then the bytes.
     pub fn name(&mut self, v: &[u8]) -> &mut Self {
@@ -132,6 +147,25 @@ impl Decoder {
                 value: v as u64,
             }),
         }
+    }
+    /// A node id: a u64.
+    pub fn node(&mut self) -> Result<NodeId, DecodeError> {
+        Ok(NodeId::new(self.u64()?))
+    }
+    /// A node id that may be unknown: a u64, 0 for none.
+    pub fn maybe_node(&mut self) -> Result<Option<NodeId>, DecodeError> {
+        Ok(Some(self.node()?).filter(|n| n.get() != 0))
+    }
+    /// A handle that may be absent: a u64, 0 for none.
+    pub fn handle(&mut self) -> Result<Option<HandleId>, DecodeError> {
+        Ok(HandleId::new(self.u64()?))
+    }
+    /// A handle that must be present (OPEN's reply): a u64 other than 0.
+    pub fn issued_handle(&mut self) -> Result<HandleId, DecodeError> {
+        self.handle()?.ok_or(DecodeError::Invalid {
+            field: "fh",
+            value: 0,
+        })
     }
     /// An optional marker at the end of a message: consumes the next byte if it is 1 and
     /// says so; anything else stays, for [`Decoder::finish`] to refuse.

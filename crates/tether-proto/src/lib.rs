@@ -9,6 +9,7 @@ pub mod codec;
 pub mod errno;
 pub mod frame;
 pub mod handshake;
+mod ids;
 pub mod message;
 pub mod push;
 
@@ -23,13 +24,7 @@ pub use push::{
     Invalidation,
 };
 
-/// A node id issued by the server. Ids are never reused within one server session.
-pub type NodeId = u64;
-/// An open file or directory handle issued by the server; 0 means "no handle".
-pub type HandleId = u64;
-
-/// The export root always has this node id.
-pub const ROOT_NODE: NodeId = 1;
+pub use ids::{HandleId, NodeId, ROOT_NODE};
 
 /// Longest name a component may have (Linux NAME_MAX).
 pub const NAME_MAX: usize = 255;

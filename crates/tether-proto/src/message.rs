@@ -238,7 +238,7 @@ pub struct Attr {
 }
 
 /// A name bound to a node, with its attributes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub node: NodeId,
     pub generation: u64,
@@ -341,11 +341,11 @@ pub enum Request {
     },
     Getattr {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
     },
     Setattr {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         set: SetAttr,
     },
     Readlink {
@@ -395,14 +395,14 @@ pub enum Request {
     },
     Read {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         offset: u64,
         size: u32,
     },
     /// The data runs to the end of the frame.
     Write {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         offset: u64,
         data: Bytes,
     },
@@ -411,11 +411,11 @@ pub enum Request {
     },
     Release {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
     },
     Fsync {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         datasync: bool,
     },
     Setxattr {
@@ -439,7 +439,7 @@ pub enum Request {
     },
     Flush {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         lock_owner: u64,
     },
     Opendir {
@@ -448,18 +448,18 @@ pub enum Request {
     },
     Readdir {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         offset: u64,
         size: u32,
         plus: bool,
     },
     Releasedir {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
     },
     Fsyncdir {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         datasync: bool,
     },
     Access {
@@ -475,23 +475,23 @@ pub enum Request {
     },
     Fallocate {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         offset: u64,
         length: u64,
         mode: u32,
     },
     Lseek {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         offset: i64,
         whence: u32,
     },
     CopyFileRange {
         node_in: NodeId,
-        fh_in: HandleId,
+        fh_in: Option<HandleId>,
         offset_in: u64,
         node_out: NodeId,
-        fh_out: HandleId,
+        fh_out: Option<HandleId>,
         offset_out: u64,
         len: u64,
         flags: u32,
@@ -499,7 +499,7 @@ pub enum Request {
     Ping,
     Reopen {
         node: NodeId,
-        fh: HandleId,
+        fh: Option<HandleId>,
         flags: u32,
         dir: bool,
     },
@@ -589,7 +589,7 @@ pub enum Reply {
     },
     Create {
         entry: Entry,
-        fh: HandleId,
+        fh: Option<HandleId>,
         flags: u32,
         /// The parent directory's attributes right after the creation: only when feature
         /// `DIR_ATTR` was granted (then always), encoded after `flags`.
@@ -731,12 +731,12 @@ impl Attr {
 
 impl Entry {
     pub fn encode(&self, e: &mut Encoder) {
-        e.u64(self.node).u64(self.generation).u32(self.flags);
+        e.node(self.node).u64(self.generation).u32(self.flags);
         self.attr.encode(e);
     }
     pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
         Ok(Entry {
-            node: d.u64()?,
+            node: d.node()?,
             generation: d.u64()?,
             flags: d.u32()?,
             attr: Attr::decode(d)?,
@@ -859,20 +859,20 @@ impl Request {
                 e.rest(proof);
             }
             Lookup { parent, name } | Unlink { parent, name } | Rmdir { parent, name } => {
-                e.u64(*parent).name(name);
+                e.node(*parent).name(name);
             }
             Forget { nodes } => {
                 e.u32(nodes.len() as u32);
                 for (n, c) in nodes {
-                    e.u64(*n).u64(*c);
+                    e.node(*n).u64(*c);
                 }
             }
             Getattr { node, fh } | Release { node, fh } | Releasedir { node, fh } => {
-                e.u64(*node).u64(*fh);
+                e.node(*node).handle(*fh);
             }
             Setattr { node, fh, set } => {
-                e.u64(*node)
-                    .u64(*fh)
+                e.node(*node)
+                    .handle(*fh)
                     .u32(set.valid)
                     .u32(set.mode)
                     .u32(set.uid)
@@ -882,7 +882,7 @@ impl Request {
                 set.mtime.encode(e);
             }
             Readlink { node } | Statfs { node } => {
-                e.u64(*node);
+                e.node(*node);
             }
             Mknod {
                 parent,
@@ -891,7 +891,7 @@ impl Request {
                 rdev,
                 umask,
             } => {
-                e.u64(*parent).name(name).u32(*mode).u64(*rdev).u32(*umask);
+                e.node(*parent).name(name).u32(*mode).u64(*rdev).u32(*umask);
             }
             Mkdir {
                 parent,
@@ -899,14 +899,14 @@ impl Request {
                 mode,
                 umask,
             } => {
-                e.u64(*parent).name(name).u32(*mode).u32(*umask);
+                e.node(*parent).name(name).u32(*mode).u32(*umask);
             }
             Symlink {
                 parent,
                 name,
                 target,
             } => {
-                e.u64(*parent).name(name).blob(target);
+                e.node(*parent).name(name).blob(target);
             }
             Rename {
                 parent,
@@ -915,9 +915,9 @@ impl Request {
                 new_name,
                 flags,
             } => {
-                e.u64(*parent)
+                e.node(*parent)
                     .name(name)
-                    .u64(*new_parent)
+                    .node(*new_parent)
                     .name(new_name)
                     .u32(*flags);
             }
@@ -926,10 +926,10 @@ impl Request {
                 new_parent,
                 new_name,
             } => {
-                e.u64(*node).u64(*new_parent).name(new_name);
+                e.node(*node).node(*new_parent).name(new_name);
             }
             Open { node, flags } | Opendir { node, flags } => {
-                e.u64(*node).u32(*flags);
+                e.node(*node).u32(*flags);
             }
             Read {
                 node,
@@ -937,7 +937,7 @@ impl Request {
                 offset,
                 size,
             } => {
-                e.u64(*node).u64(*fh).u64(*offset).u32(*size);
+                e.node(*node).handle(*fh).u64(*offset).u32(*size);
             }
             Write {
                 node,
@@ -945,10 +945,10 @@ impl Request {
                 offset,
                 data,
             } => {
-                e.u64(*node).u64(*fh).u64(*offset).rest(data);
+                e.node(*node).handle(*fh).u64(*offset).rest(data);
             }
             Fsync { node, fh, datasync } | Fsyncdir { node, fh, datasync } => {
-                e.u64(*node).u64(*fh).bool(*datasync);
+                e.node(*node).handle(*fh).bool(*datasync);
             }
             Setxattr {
                 node,
@@ -956,23 +956,23 @@ impl Request {
                 value,
                 flags,
             } => {
-                e.u64(*node).name(name).u32(*flags).blob(value);
+                e.node(*node).name(name).u32(*flags).blob(value);
             }
             Getxattr { node, name, size } => {
-                e.u64(*node).name(name).u32(*size);
+                e.node(*node).name(name).u32(*size);
             }
             Listxattr { node, size } => {
-                e.u64(*node).u32(*size);
+                e.node(*node).u32(*size);
             }
             Removexattr { node, name } => {
-                e.u64(*node).name(name);
+                e.node(*node).name(name);
             }
             Flush {
                 node,
                 fh,
                 lock_owner,
             } => {
-                e.u64(*node).u64(*fh).u64(*lock_owner);
+                e.node(*node).handle(*fh).u64(*lock_owner);
             }
             Readdir {
                 node,
@@ -981,10 +981,14 @@ impl Request {
                 size,
                 plus,
             } => {
-                e.u64(*node).u64(*fh).u64(*offset).u32(*size).bool(*plus);
+                e.node(*node)
+                    .handle(*fh)
+                    .u64(*offset)
+                    .u32(*size)
+                    .bool(*plus);
             }
             Access { node, mask } => {
-                e.u64(*node).u32(*mask);
+                e.node(*node).u32(*mask);
             }
             Create {
                 parent,
@@ -993,7 +997,11 @@ impl Request {
                 umask,
                 flags,
             } => {
-                e.u64(*parent).name(name).u32(*mode).u32(*umask).u32(*flags);
+                e.node(*parent)
+                    .name(name)
+                    .u32(*mode)
+                    .u32(*umask)
+                    .u32(*flags);
             }
             Fallocate {
                 node,
@@ -1002,7 +1010,11 @@ impl Request {
                 length,
                 mode,
             } => {
-                e.u64(*node).u64(*fh).u64(*offset).u64(*length).u32(*mode);
+                e.node(*node)
+                    .handle(*fh)
+                    .u64(*offset)
+                    .u64(*length)
+                    .u32(*mode);
             }
             Lseek {
                 node,
@@ -1010,7 +1022,7 @@ impl Request {
                 offset,
                 whence,
             } => {
-                e.u64(*node).u64(*fh).i64(*offset).u32(*whence);
+                e.node(*node).handle(*fh).i64(*offset).u32(*whence);
             }
             CopyFileRange {
                 node_in,
@@ -1022,11 +1034,11 @@ impl Request {
                 len,
                 flags,
             } => {
-                e.u64(*node_in)
-                    .u64(*fh_in)
+                e.node(*node_in)
+                    .handle(*fh_in)
                     .u64(*offset_in)
-                    .u64(*node_out)
-                    .u64(*fh_out)
+                    .node(*node_out)
+                    .handle(*fh_out)
                     .u64(*offset_out)
                     .u64(*len)
                     .u32(*flags);
@@ -1038,26 +1050,26 @@ impl Request {
                 flags,
                 dir,
             } => {
-                e.u64(*node).u64(*fh).u32(*flags).bool(*dir);
+                e.node(*node).handle(*fh).u32(*flags).bool(*dir);
             }
             Reclaim {
                 parent,
                 name,
                 lookups,
             } => {
-                e.u64(*parent).name(name).u64(*lookups);
+                e.node(*parent).name(name).u64(*lookups);
             }
             Setlk {
                 node,
                 lock,
                 generation,
             } => {
-                e.u64(*node);
+                e.node(*node);
                 lock.encode(e);
                 e.u64(*generation);
             }
             Getlk { node, lock } => {
-                e.u64(*node);
+                e.node(*node);
                 lock.encode(e);
             }
             LockRelease {
@@ -1065,10 +1077,10 @@ impl Request {
                 owner,
                 generation,
             } => {
-                e.u64(*node).u64(*owner).u64(*generation);
+                e.node(*node).u64(*owner).u64(*generation);
             }
             Spares { parent, count } => {
-                e.u64(*parent).u32(*count);
+                e.node(*parent).u32(*count);
             }
             Bind {
                 parent,
@@ -1078,7 +1090,11 @@ impl Request {
                 umask,
                 time,
             } => {
-                e.u64(*parent).name(name).u64(*node).u32(*mode).u32(*umask);
+                e.node(*parent)
+                    .name(name)
+                    .node(*node)
+                    .u32(*mode)
+                    .u32(*umask);
                 time.encode(e);
             }
         }
@@ -1098,15 +1114,15 @@ impl Request {
             Op::Hello => Hello(crate::handshake::Hello::decode(&mut d)?),
             Op::Auth => Auth { proof: d.array()? },
             Op::Lookup => Lookup {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
             },
             Op::Unlink => Unlink {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
             },
             Op::Rmdir => Rmdir {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
             },
             Op::Forget => {
@@ -1114,25 +1130,25 @@ impl Request {
                 // Each item is 16 bytes: bound the allocation by what the frame can hold.
                 let mut nodes = Vec::with_capacity(n.min(4096));
                 for _ in 0..n {
-                    nodes.push((d.u64()?, d.u64()?));
+                    nodes.push((d.node()?, d.u64()?));
                 }
                 Forget { nodes }
             }
             Op::Getattr => Getattr {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
             },
             Op::Release => Release {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
             },
             Op::Releasedir => Releasedir {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
             },
             Op::Setattr => Setattr {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 set: SetAttr {
                     valid: d.u32()?,
                     mode: d.u32()?,
@@ -1143,129 +1159,129 @@ impl Request {
                     mtime: SetTime::decode(&mut d)?,
                 },
             },
-            Op::Readlink => Readlink { node: d.u64()? },
-            Op::Statfs => Statfs { node: d.u64()? },
+            Op::Readlink => Readlink { node: d.node()? },
+            Op::Statfs => Statfs { node: d.node()? },
             Op::Mknod => Mknod {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
                 mode: d.u32()?,
                 rdev: d.u64()?,
                 umask: d.u32()?,
             },
             Op::Mkdir => Mkdir {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
                 mode: d.u32()?,
                 umask: d.u32()?,
             },
             Op::Symlink => Symlink {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
                 target: d.blob()?,
             },
             Op::Rename => Rename {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
-                new_parent: d.u64()?,
+                new_parent: d.node()?,
                 new_name: d.name()?,
                 flags: d.u32()?,
             },
             Op::Link => Link {
-                node: d.u64()?,
-                new_parent: d.u64()?,
+                node: d.node()?,
+                new_parent: d.node()?,
                 new_name: d.name()?,
             },
             Op::Open => Open {
-                node: d.u64()?,
+                node: d.node()?,
                 flags: d.u32()?,
             },
             Op::Opendir => Opendir {
-                node: d.u64()?,
+                node: d.node()?,
                 flags: d.u32()?,
             },
             Op::Read => Read {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 offset: d.u64()?,
                 size: d.u32()?,
             },
             Op::Write => Write {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 offset: d.u64()?,
                 data: d.rest(),
             },
             Op::Fsync => Fsync {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 datasync: d.bool()?,
             },
             Op::Fsyncdir => Fsyncdir {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 datasync: d.bool()?,
             },
             Op::Setxattr => Setxattr {
-                node: d.u64()?,
+                node: d.node()?,
                 name: d.name()?,
                 flags: d.u32()?,
                 value: d.blob()?,
             },
             Op::Getxattr => Getxattr {
-                node: d.u64()?,
+                node: d.node()?,
                 name: d.name()?,
                 size: d.u32()?,
             },
             Op::Listxattr => Listxattr {
-                node: d.u64()?,
+                node: d.node()?,
                 size: d.u32()?,
             },
             Op::Removexattr => Removexattr {
-                node: d.u64()?,
+                node: d.node()?,
                 name: d.name()?,
             },
             Op::Flush => Flush {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 lock_owner: d.u64()?,
             },
             Op::Readdir => Readdir {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 offset: d.u64()?,
                 size: d.u32()?,
                 plus: d.bool()?,
             },
             Op::Access => Access {
-                node: d.u64()?,
+                node: d.node()?,
                 mask: d.u32()?,
             },
             Op::Create => Create {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
                 mode: d.u32()?,
                 umask: d.u32()?,
                 flags: d.u32()?,
             },
             Op::Fallocate => Fallocate {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 offset: d.u64()?,
                 length: d.u64()?,
                 mode: d.u32()?,
             },
             Op::Lseek => Lseek {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 offset: d.i64()?,
                 whence: d.u32()?,
             },
             Op::CopyFileRange => CopyFileRange {
-                node_in: d.u64()?,
-                fh_in: d.u64()?,
+                node_in: d.node()?,
+                fh_in: d.handle()?,
                 offset_in: d.u64()?,
-                node_out: d.u64()?,
-                fh_out: d.u64()?,
+                node_out: d.node()?,
+                fh_out: d.handle()?,
                 offset_out: d.u64()?,
                 len: d.u64()?,
                 flags: d.u32()?,
@@ -1273,38 +1289,38 @@ impl Request {
             Op::Ping => Ping,
             Op::Sync => Sync,
             Op::Reopen => Reopen {
-                node: d.u64()?,
-                fh: d.u64()?,
+                node: d.node()?,
+                fh: d.handle()?,
                 flags: d.u32()?,
                 dir: d.bool()?,
             },
             Op::Reclaim => Reclaim {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
                 lookups: d.u64()?,
             },
             Op::Setlk => Setlk {
-                node: d.u64()?,
+                node: d.node()?,
                 lock: LockSpec::decode(&mut d)?,
                 generation: d.u64()?,
             },
             Op::Getlk => Getlk {
-                node: d.u64()?,
+                node: d.node()?,
                 lock: LockSpec::decode(&mut d)?,
             },
             Op::LockRelease => LockRelease {
-                node: d.u64()?,
+                node: d.node()?,
                 owner: d.u64()?,
                 generation: d.u64()?,
             },
             Op::Spares => Spares {
-                parent: d.u64()?,
+                parent: d.node()?,
                 count: d.u32()?,
             },
             Op::Bind => Bind {
-                parent: d.u64()?,
+                parent: d.node()?,
                 name: d.name()?,
-                node: d.u64()?,
+                node: d.node()?,
                 mode: d.u32()?,
                 umask: d.u32()?,
                 time: Timespec::decode(&mut d)?,
@@ -1388,7 +1404,7 @@ impl Reply {
             }
             Reply::Empty => {}
             Reply::Open { fh, flags } => {
-                e.u64(*fh).u32(*flags);
+                e.handle(Some(*fh)).u32(*flags);
             }
             Reply::Written { size, attr } => {
                 e.u64(*size);
@@ -1434,7 +1450,7 @@ impl Reply {
                 dir,
             } => {
                 entry.encode(e);
-                e.u64(*fh).u32(*flags);
+                e.handle(*fh).u32(*flags);
                 if let Some(a) = dir {
                     a.encode(e);
                 }
@@ -1484,7 +1500,7 @@ impl Reply {
             Op::Getattr | Op::Setattr => Reply::Attr(Attr::decode(&mut d)?),
             Op::Readlink | Op::Read => Reply::Data(d.blob()?),
             Op::Open | Op::Opendir => Reply::Open {
-                fh: d.u64()?,
+                fh: d.issued_handle()?,
                 flags: d.u32()?,
             },
             Op::Write | Op::CopyFileRange => Reply::Written {
@@ -1542,7 +1558,7 @@ impl Reply {
             // BIND finishes a creation: it is answered as one.
             Op::Create | Op::Bind => Reply::Create {
                 entry: Entry::decode(&mut d)?,
-                fh: d.u64()?,
+                fh: d.handle()?,
                 flags: d.u32()?,
                 dir: if d.remaining() > 0 {
                     Some(Box::new(Attr::decode(&mut d)?))

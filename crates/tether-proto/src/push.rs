@@ -37,7 +37,7 @@ pub fn lock_freed_frame(nodes: &[NodeId]) -> Vec<u8> {
     );
     f.enc.u32(nodes.len() as u32);
     for n in nodes {
-        f.enc.u64(*n);
+        f.enc.node(*n);
     }
     f.finish()
 }
@@ -49,7 +49,7 @@ pub fn decode_lock_freed(body: Bytes) -> Result<Vec<NodeId>, DecodeError> {
     // Never allocate more than the frame could hold.
     let mut nodes = Vec::with_capacity(n.min(d.remaining() / 8));
     for _ in 0..n {
-        nodes.push(d.u64()?);
+        nodes.push(d.node()?);
     }
     d.finish()?;
     Ok(nodes)
@@ -100,8 +100,8 @@ pub struct HostEvent {
     /// The directory's path below the export root, '/'-separated, empty for the root.
     pub dir_path: Bytes,
     pub name: Bytes,
-    /// The entry's node id, 0 when the server does not know it.
-    pub node: NodeId,
+    /// The entry's node id, if the server knows it (0 on the wire when it does not).
+    pub node: Option<NodeId>,
     /// The entry's file type (S_IFMT bits of st_mode).
     pub file_type: u32,
     pub kind: EventKind,
@@ -141,10 +141,10 @@ fn event_len(ev: &HostEvent) -> usize {
 fn encode_item(e: &mut Encoder, item: &Invalidation) {
     match item {
         Invalidation::Inode(n) => {
-            e.u8(1).u64(*n);
+            e.u8(1).node(*n);
         }
         Invalidation::Entry { parent, name } => {
-            e.u8(2).u64(*parent).name(name);
+            e.u8(2).node(*parent).name(name);
         }
         Invalidation::All => {
             e.u8(3);
@@ -160,10 +160,10 @@ fn encode_event(e: &mut Encoder, ev: &HostEvent) {
         EventKind::Moved { .. } => 4,
     };
     e.u8(kind)
-        .u64(ev.dir)
+        .node(ev.dir)
         .blob(&ev.dir_path)
         .name(&ev.name)
-        .u64(ev.node)
+        .maybe_node(ev.node)
         .u32(ev.file_type);
     match &ev.kind {
         EventKind::Created | EventKind::Deleted => {}
@@ -175,7 +175,7 @@ fn encode_event(e: &mut Encoder, ev: &HostEvent) {
             from_path,
             from_name,
         } => {
-            e.u64(*from_dir).blob(from_path).name(from_name);
+            e.node(*from_dir).blob(from_path).name(from_name);
         }
     }
 }
@@ -233,9 +233,9 @@ pub fn invalidate_frames(
 
 fn decode_item(d: &mut Decoder) -> Result<Invalidation, DecodeError> {
     Ok(match d.u8()? {
-        1 => Invalidation::Inode(d.u64()?),
+        1 => Invalidation::Inode(d.node()?),
         2 => Invalidation::Entry {
-            parent: d.u64()?,
+            parent: d.node()?,
             name: d.name()?,
         },
         3 => Invalidation::All,
@@ -251,13 +251,13 @@ fn decode_item(d: &mut Decoder) -> Result<Invalidation, DecodeError> {
 fn decode_event(d: &mut Decoder) -> Result<HostEvent, DecodeError> {
     let kind = d.u8()?;
     let (dir, dir_path, name, node, file_type) =
-        (d.u64()?, d.blob()?, d.name()?, d.u64()?, d.u32()?);
+        (d.node()?, d.blob()?, d.name()?, d.maybe_node()?, d.u32()?);
     let kind = match kind {
         1 => EventKind::Created,
         2 => EventKind::Deleted,
         3 => EventKind::Changed(d.u8()? & changed::ALL),
         4 => EventKind::Moved {
-            from_dir: d.u64()?,
+            from_dir: d.node()?,
             from_path: d.blob()?,
             from_name: d.name()?,
         },

@@ -27,7 +27,10 @@ const CALLER_BYTES: [u8; 12] = [
 ];
 
 /// A regular file's node id, used throughout.
-const N: NodeId = 0x1234;
+const N: NodeId = NodeId::new(0x1234);
+
+/// A handle, used throughout.
+const FH: Option<HandleId> = HandleId::new(7);
 
 fn b(s: &'static [u8]) -> Bytes {
     Bytes::from_static(s)
@@ -36,7 +39,7 @@ fn b(s: &'static [u8]) -> Bytes {
 /// The attributes used in every Entry/Attr reply below.
 fn attr() -> Attr {
     Attr {
-        ino: N,
+        ino: N.get(),
         size: 5000,
         blocks: 16,
         atime: Timespec {
@@ -279,7 +282,7 @@ fn request_cases() -> Vec<ReqCase> {
             id: 43,
             caller: CALLER,
             req: Request::Forget {
-                nodes: vec![(N, 1), (0x8000_0000_0000_0001, 2)],
+                nodes: vec![(N, 1), (NodeId::new(0x8000_0000_0000_0001), 2)],
             },
             expected: [
                 &[0x3c, 0, 0, 0][..],            // len: 60
@@ -316,7 +319,7 @@ fn request_cases() -> Vec<ReqCase> {
             name: "getattr",
             id: 42,
             caller: CALLER,
-            req: Request::Getattr { node: N, fh: 7 },
+            req: Request::Getattr { node: N, fh: FH },
             expected: [
                 &[0x28, 0, 0, 0][..],            // len: 40
                 &[1],                            // kind: request
@@ -335,7 +338,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Setattr {
                 node: N,
-                fh: 7,
+                fh: FH,
                 set: SetAttr {
                     valid: setattr_valid::MODE | setattr_valid::SIZE,
                     mode: 0o600,
@@ -378,7 +381,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Setattr {
                 node: N,
-                fh: 0,
+                fh: None,
                 set: SetAttr {
                     valid: setattr_valid::UID | setattr_valid::GID,
                     mode: 0,
@@ -623,7 +626,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Read {
                 node: N,
-                fh: 7,
+                fh: FH,
                 offset: 0x10000,
                 size: 4096,
             },
@@ -647,7 +650,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Write {
                 node: N,
-                fh: 7,
+                fh: FH,
                 offset: 10,
                 data: b(b"hello"),
             },
@@ -671,7 +674,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Write {
                 node: N,
-                fh: 7,
+                fh: FH,
                 offset: 0,
                 data: Bytes::new(),
             },
@@ -708,7 +711,7 @@ fn request_cases() -> Vec<ReqCase> {
             name: "release",
             id: 42,
             caller: CALLER,
-            req: Request::Release { node: N, fh: 7 },
+            req: Request::Release { node: N, fh: FH },
             expected: [
                 &[0x28, 0, 0, 0][..],            // len: 40
                 &[1],                            // kind: request
@@ -727,7 +730,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Fsync {
                 node: N,
-                fh: 7,
+                fh: FH,
                 datasync: true,
             },
             expected: [
@@ -836,7 +839,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Flush {
                 node: N,
-                fh: 7,
+                fh: FH,
                 lock_owner: 0xdead_beef_cafe_f00d,
             },
             expected: [
@@ -878,7 +881,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Readdir {
                 node: ROOT_NODE,
-                fh: 8,
+                fh: HandleId::new(8),
                 offset: 2,
                 size: 4096,
                 plus: false,
@@ -904,7 +907,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Readdir {
                 node: ROOT_NODE,
-                fh: 8,
+                fh: HandleId::new(8),
                 offset: 0,
                 size: 4096,
                 plus: true,
@@ -930,7 +933,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Releasedir {
                 node: ROOT_NODE,
-                fh: 8,
+                fh: HandleId::new(8),
             },
             expected: [
                 &[0x28, 0, 0, 0][..],         // len: 40
@@ -950,7 +953,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Fsyncdir {
                 node: ROOT_NODE,
-                fh: 8,
+                fh: HandleId::new(8),
                 datasync: false,
             },
             expected: [
@@ -1016,7 +1019,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Fallocate {
                 node: N,
-                fh: 7,
+                fh: FH,
                 offset: 0,
                 length: 1 << 20,
                 mode: 1,
@@ -1042,7 +1045,7 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::Lseek {
                 node: N,
-                fh: 7,
+                fh: FH,
                 offset: -2,
                 whence: 2,
             },
@@ -1066,10 +1069,10 @@ fn request_cases() -> Vec<ReqCase> {
             caller: CALLER,
             req: Request::CopyFileRange {
                 node_in: N,
-                fh_in: 7,
+                fh_in: FH,
                 offset_in: 0,
-                node_out: 0x5678,
-                fh_out: 9,
+                node_out: NodeId::new(0x5678),
+                fh_out: HandleId::new(9),
                 offset_out: 4096,
                 len: 0x10000,
                 flags: 0,
@@ -1127,8 +1130,8 @@ fn request_cases() -> Vec<ReqCase> {
             id: 42,
             caller: CALLER,
             req: Request::Reopen {
-                node: 0x1234,
-                fh: 7,
+                node: N,
+                fh: FH,
                 flags: 2,
                 dir: false,
             },
@@ -1174,7 +1177,7 @@ fn request_cases() -> Vec<ReqCase> {
             id: 42,
             caller: CALLER,
             req: Request::Setlk {
-                node: 0x1234,
+                node: N,
                 lock: LockSpec {
                     owner: 0x0102_0304_0506_0708,
                     flock: false,
@@ -1206,7 +1209,7 @@ fn request_cases() -> Vec<ReqCase> {
             id: 42,
             caller: CALLER,
             req: Request::Getlk {
-                node: 0x1234,
+                node: N,
                 lock: LockSpec {
                     owner: 9,
                     flock: true,
@@ -1236,7 +1239,7 @@ fn request_cases() -> Vec<ReqCase> {
             id: 42,
             caller: CALLER,
             req: Request::LockRelease {
-                node: 0x1234,
+                node: N,
                 owner: 9,
                 generation: 3,
             },
@@ -1577,14 +1580,14 @@ fn reply_cases() -> Vec<ReplyCase> {
             result: Ok(Reply::Dir {
                 entries: vec![
                     DirEntry {
-                        ino: ROOT_NODE,
+                        ino: ROOT_NODE.get(),
                         offset: 1,
                         kind: 4,
                         name: b(b"."),
                         entry: None,
                     },
                     DirEntry {
-                        ino: N,
+                        ino: N.get(),
                         offset: 2,
                         kind: 8,
                         name: b(b"file"),
@@ -1623,14 +1626,14 @@ fn reply_cases() -> Vec<ReplyCase> {
             result: Ok(Reply::Dir {
                 entries: vec![
                     DirEntry {
-                        ino: ROOT_NODE,
+                        ino: ROOT_NODE.get(),
                         offset: 1,
                         kind: 4,
                         name: b(b".."),
                         entry: None,
                     },
                     DirEntry {
-                        ino: N,
+                        ino: N.get(),
                         offset: 2,
                         kind: 8,
                         name: b(b"file"),
@@ -1688,7 +1691,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             id: 42,
             result: Ok(Reply::Dir {
                 entries: vec![DirEntry {
-                    ino: N,
+                    ino: N.get(),
                     offset: 2,
                     kind: 8,
                     name: b(b"file"),
@@ -1720,7 +1723,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             id: 42,
             result: Ok(Reply::Create {
                 entry: entry(),
-                fh: 7,
+                fh: FH,
                 flags: open_flags::DIRECT_IO,
                 dir: None,
             }),
@@ -1743,7 +1746,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             id: 42,
             result: Ok(Reply::Create {
                 entry: entry(),
-                fh: 7,
+                fh: FH,
                 flags: 0,
                 dir: Some(Box::new(attr())),
             }),
@@ -1767,7 +1770,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             id: 42,
             result: Ok(Reply::Create {
                 entry: entry(),
-                fh: 0,
+                fh: None,
                 flags: 0,
                 dir: Some(Box::new(attr())),
             }),
@@ -1965,7 +1968,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             op,
             id: 42,
             result: Ok(Reply::Open {
-                fh: 7,
+                fh: FH.unwrap(),
                 flags: open_flags::KEEP_CACHE,
             }),
             expected: [
@@ -2225,7 +2228,7 @@ fn wire_constants() {
     assert_eq!(FRAME_HEADER_LEN, 16);
     assert_eq!(MAX_FRAME_LEN, 1_052_672);
     assert_eq!(FLAG_NO_REPLY, 1);
-    assert_eq!(ROOT_NODE, 1);
+    assert_eq!(ROOT_NODE.get(), 1);
     assert_eq!(Attr::WIRE_LEN, 96);
     assert_eq!(features::PUSH_INVALIDATE, 1);
     assert_eq!(features::IO_BY_NODE, 2);
@@ -2241,7 +2244,7 @@ fn wire_constants() {
     let data = Bytes::from(vec![0u8; handshake::ORDERED_WRITE_MAX]);
     let frame = Request::Write {
         node: N,
-        fh: 0,
+        fh: None,
         offset: 0,
         data,
     }
@@ -2861,9 +2864,9 @@ fn random_headers_never_panic() {
 #[test]
 fn golden_invalidate_push() {
     let items = vec![
-        Invalidation::Inode(0x1234),
+        Invalidation::Inode(N),
         Invalidation::Entry {
-            parent: 7,
+            parent: NodeId::new(7),
             name: b(b"ab"),
         },
         Invalidation::All,
@@ -2910,7 +2913,7 @@ fn golden_invalidate_push() {
 
 #[test]
 fn golden_lock_freed_push() {
-    let got = lock_freed_frame(&[0x1234, 7]);
+    let got = lock_freed_frame(&[N, NodeId::new(7)]);
     let expected: Vec<u8> = [
         &[0x20, 0, 0, 0][..],            // len: 32 bytes after this field
         &[3],                            // kind: push
@@ -2928,7 +2931,10 @@ fn golden_lock_freed_push() {
         (h.kind, h.op, h.id),
         (FrameKind::Push, push_op::LOCK_FREED, 0)
     );
-    assert_eq!(decode_lock_freed(body.clone()).unwrap(), vec![0x1234, 7]);
+    assert_eq!(
+        decode_lock_freed(body.clone()).unwrap(),
+        vec![N, NodeId::new(7)]
+    );
     // Every truncation fails cleanly, as do trailing bytes.
     assert_prefixes_fail(decode_lock_freed, &body, 0..body.len());
     let mut longer = body.to_vec();
@@ -2941,24 +2947,24 @@ fn golden_lock_freed_push() {
 
 #[test]
 fn golden_invalidate_push_with_events() {
-    let items = vec![Invalidation::Inode(5)];
+    let items = vec![Invalidation::Inode(NodeId::new(5))];
     let events = vec![
         HostEvent {
-            dir: 5,
+            dir: NodeId::new(5),
             dir_path: b(b"d"),
             name: b(b"x"),
-            node: 9,
+            node: Some(NodeId::new(9)),
             file_type: S_IFREG,
             kind: EventKind::Changed(changed::MODIFY | changed::CLOSE_WRITE),
         },
         HostEvent {
-            dir: 1,
+            dir: NodeId::new(1),
             dir_path: b(b""),
             name: b(b"n"),
-            node: 9,
+            node: Some(NodeId::new(9)),
             file_type: S_IFREG,
             kind: EventKind::Moved {
-                from_dir: 5,
+                from_dir: NodeId::new(5),
                 from_path: b(b"d"),
                 from_name: b(b"x"),
             },
@@ -3015,16 +3021,16 @@ const S_IFREG: u32 = 0o100000;
 fn large_pushes_are_cut_into_frames_in_order() {
     let items: Vec<Invalidation> = (0..30_000u64)
         .map(|i| Invalidation::Entry {
-            parent: i,
+            parent: NodeId::new(i),
             name: Bytes::from(format!("name-{i}")),
         })
         .collect();
     let events: Vec<HostEvent> = (0..5_000u64)
         .map(|i| HostEvent {
-            dir: 1,
+            dir: NodeId::new(1),
             dir_path: Bytes::from(vec![b'p'; 200]),
             name: Bytes::from(format!("f{i}")),
-            node: 0,
+            node: None,
             file_type: S_IFREG,
             kind: EventKind::Created,
         })
