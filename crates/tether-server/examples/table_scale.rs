@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
+use tether_proto::{NodeId, ROOT_NODE};
 use tether_server::backend::{linux::Linux, sys};
 use tether_server::export::{FdBudget, NodeTable};
 
@@ -30,7 +31,7 @@ fn main() {
         while inserted < target {
             st.st_ino = 10_000_000 + inserted;
             let name = CString::new(format!("n{inserted}")).unwrap();
-            table.remember(root.try_clone().unwrap(), (&st, None), 1, name);
+            table.remember(root.try_clone().unwrap(), (&st, None), ROOT_NODE, name);
             inserted += 1;
         }
         let insert_ns = t.elapsed().as_nanos() as f64 / (inserted - before) as f64;
@@ -39,7 +40,7 @@ fn main() {
         let mut x = 0u64;
         for i in 0..probes {
             let id = 10_000_000 + (i * 7919) % inserted;
-            x = x.wrapping_add(table.get(id).unwrap().ino);
+            x = x.wrapping_add(table.get(NodeId::new(id)).unwrap().ino);
         }
         let get_ns = t.elapsed().as_nanos() as f64 / probes as f64;
         std::hint::black_box(x);

@@ -272,16 +272,23 @@ impl NodeTable {
     pub fn id_for(&self, dev: u64, ino: u64) -> NodeId {
         let reassigned =
             || self.any_reused.load(Ordering::Relaxed) && self.foreign.contains_key(&(dev, ino));
-        if dev == self.root_dev && ino != ROOT_NODE && ino < FOREIGN_BASE && !reassigned() {
+        // An inode of the root's file system is known by its inode number (so ids survive
+        // server restarts), unless that number is the root's id or in the synthetic range.
+        if dev == self.root_dev && ino != ROOT_NODE.get() && ino < FOREIGN_BASE && !reassigned() {
             if ino == self.root_ino {
                 return ROOT_NODE;
             }
-            return ino;
+            return NodeId::new(ino);
         }
         *self
             .foreign
             .entry((dev, ino))
-            .or_insert_with(|| self.next_foreign.fetch_add(1, Ordering::Relaxed))
+            .or_insert_with(|| self.new_synthetic_id())
+    }
+
+    /// A synthetic id never issued before: counted up from [`FOREIGN_BASE`].
+    fn new_synthetic_id(&self) -> NodeId {
+        NodeId::new(self.next_foreign.fetch_add(1, Ordering::Relaxed))
     }
 
     pub fn get(&self, id: NodeId) -> SysResult<Arc<Node>> {
@@ -363,7 +370,8 @@ impl NodeTable {
         id: NodeId,
         (st, birth): (&libc::stat, Option<(i64, u32)>),
     ) -> Option<Arc<Node>> {
-        if id == ROOT_NODE || id == 0 {
+        // 0 is no id this server issues (the client's, at worst a broken one).
+        if id == ROOT_NODE || id.get() == 0 {
             return None;
         }
         let dashmap::mapref::entry::Entry::Vacant(slot) = self.nodes.entry(id) else {
@@ -402,10 +410,10 @@ impl NodeTable {
         let mut id = self
             .foreign
             .entry((dev, ino))
-            .or_insert_with(|| self.next_foreign.fetch_add(1, Ordering::Relaxed));
+            .or_insert_with(|| self.new_synthetic_id());
         if *id == old {
             // Reused twice: the synthetic id is the stale one now.
-            *id = self.next_foreign.fetch_add(1, Ordering::Relaxed);
+            *id = self.new_synthetic_id();
         }
         *id
     }

@@ -132,7 +132,7 @@ fn a_write_reply_carries_the_state_the_echo_check_read() {
     };
     let write = Request::Write {
         node,
-        fh: 0,
+        fh: None,
         offset: 8,
         data: Bytes::from_static(b"appended"),
     };

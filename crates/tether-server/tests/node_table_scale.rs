@@ -5,6 +5,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use tether_proto::{NodeId, ROOT_NODE};
 use tether_server::backend::{linux::Linux, sys};
 use tether_server::export::{FdBudget, NodeTable};
 
@@ -29,17 +30,22 @@ fn a_million_nodes_stay_addressable_with_bounded_descriptors() {
     for i in 0..N {
         let fd = root.try_clone().unwrap();
         let name = CString::new(format!("n{i}")).unwrap();
-        table.remember(fd, (&fake_stat(dev, 1_000_000_000 + i), None), 1, name);
+        table.remember(
+            fd,
+            (&fake_stat(dev, 1_000_000_000 + i), None),
+            ROOT_NODE,
+            name,
+        );
         assert!(budget.open_count() <= 1001, "budget exceeded at {i}");
     }
     assert_eq!(table.len() as u64, N + 1);
     assert!(budget.evictions() >= N - 1000);
     for i in (0..N).step_by(9973) {
-        let node = table.get(1_000_000_000 + i).unwrap();
+        let node = table.get(NodeId::new(1_000_000_000 + i)).unwrap();
         assert_eq!(node.ino, 1_000_000_000 + i);
     }
     for i in 0..N {
-        table.forget(1_000_000_000 + i, 1);
+        table.forget(NodeId::new(1_000_000_000 + i), 1);
     }
     assert_eq!(table.len(), 1, "only the root remains");
     assert!(

@@ -161,7 +161,7 @@ impl ExportFs {
     pub fn attr_of(&self, st: &libc::stat, id: NodeId) -> Attr {
         let (uid, gid) = self.ids.guest_owner(st.st_uid, st.st_gid);
         Attr {
-            ino: id,
+            ino: id.get(),
             size: st.st_size as u64,
             blocks: st.st_blocks as u64,
             atime: ts(st.st_atime, st.st_atime_nsec),
@@ -220,9 +220,14 @@ impl ExportFs {
     }
 
     /// The open file for I/O on `node`: the handle `fh`, or, for I/O addressed by node
-    /// (`fh` 0, the client's no-open mode), the node reopened with `flags` for this request.
-    pub fn file_for(&self, node: NodeId, fh: HandleId, flags: i32) -> SysResult<Arc<Handle>> {
-        if fh != 0 {
+    /// (no `fh`, the client's no-open mode), the node reopened with `flags` for this request.
+    pub fn file_for(
+        &self,
+        node: NodeId,
+        fh: Option<HandleId>,
+        flags: i32,
+    ) -> SysResult<Arc<Handle>> {
+        if let Some(fh) = fh {
             return self.handles.file(node, fh);
         }
         Ok(Arc::new(Handle::File(self.reopen_file(node, flags)?)))

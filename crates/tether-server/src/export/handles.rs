@@ -48,8 +48,11 @@ impl HandleTable {
         }
         let h = (node, Arc::new(h));
         loop {
-            // Skips numbers a reconnecting client claimed with REOPEN.
-            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            // Skips numbers a reconnecting client claimed with REOPEN. `next` starts at 1 and
+            // only grows, so no handle is 0 (the wire's "none"): 0 would take 2^64 opens.
+            let Some(id) = HandleId::new(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                continue;
+            };
             if let dashmap::Entry::Vacant(v) = self.handles.entry(id) {
                 v.insert(h);
                 return Ok(id);
@@ -57,11 +60,12 @@ impl HandleTable {
         }
     }
 
-    /// Adds a handle under the number `fh` a reconnecting client already uses for it.
-    pub fn add_at(&self, node: NodeId, fh: HandleId, h: Handle) -> SysResult<()> {
-        if fh == 0 {
+    /// Adds a handle under the number `fh` a reconnecting client already uses for it (none:
+    /// EINVAL).
+    pub fn add_at(&self, node: NodeId, fh: Option<HandleId>, h: Handle) -> SysResult<()> {
+        let Some(fh) = fh else {
             return Err(WireErrno::EINVAL);
-        }
+        };
         if self.handles.len() >= self.max {
             return Err(WireErrno::EMFILE);
         }
@@ -69,7 +73,8 @@ impl HandleTable {
             dashmap::Entry::Occupied(_) => Err(WireErrno::EEXIST),
             dashmap::Entry::Vacant(v) => {
                 v.insert((node, Arc::new(h)));
-                self.next.fetch_max(fh.saturating_add(1), Ordering::Relaxed);
+                self.next
+                    .fetch_max(fh.get().saturating_add(1), Ordering::Relaxed);
                 Ok(())
             }
         }
@@ -93,8 +98,10 @@ impl HandleTable {
         }
     }
 
-    /// Closes handle `fh` if it was opened on `node` (RELEASE, RELEASEDIR).
-    pub fn release(&self, node: NodeId, fh: HandleId) {
-        self.handles.remove_if(&fh, |_, (n, _)| *n == node);
+    /// Closes handle `fh` if it was opened on `node` (RELEASE, RELEASEDIR; none: nothing).
+    pub fn release(&self, node: NodeId, fh: Option<HandleId>) {
+        if let Some(fh) = fh {
+            self.handles.remove_if(&fh, |_, (n, _)| *n == node);
+        }
     }
 }

@@ -206,17 +206,17 @@ mod tests {
             session: 2,
             tx: tx2,
         };
-        waits.refused((1, 10), 5, &one);
-        waits.refused((1, 10), 5, &one);
-        waits.refused((1, 10), 7, &two);
+        waits.refused((1, 10), NodeId::new(5), &one);
+        waits.refused((1, 10), NodeId::new(5), &one);
+        waits.refused((1, 10), NodeId::new(7), &two);
         // Session 2's own release: its client wakes its waiters; session 1 hears, once.
         waits.freed((1, 10), 2);
-        assert_eq!(rx1.try_iter().collect::<Vec<_>>(), vec![5]);
+        assert_eq!(rx1.try_iter().collect::<Vec<_>>(), vec![NodeId::new(5)]);
         assert!(rx2.try_recv().is_err());
         waits.freed((1, 10), 2);
         assert!(rx1.try_recv().is_err(), "told twice");
         // A session that ended hears nothing.
-        waits.refused((1, 11), 6, &one);
+        waits.refused((1, 11), NodeId::new(6), &one);
         waits.end_session(1);
         waits.freed((1, 11), 2);
         assert!(rx1.try_recv().is_err());

@@ -168,17 +168,17 @@ mod tests {
     fn a_kept_descriptor_is_reused_then_closed_after_it_idles() {
         let w = Arc::new(Writers::default());
         let (fd, reader) = pipe();
-        let kept = w.keep(7, fd);
-        let again = w.get(7).expect("kept");
+        let kept = w.keep(NodeId::new(7), fd);
+        let again = w.get(NodeId::new(7)).expect("kept");
         assert!(Arc::ptr_eq(&kept, &again));
         drop((kept, again));
         std::thread::sleep(IDLE * 4);
         assert_eq!(w.kept(), 0);
-        assert!(w.get(7).is_none());
+        assert!(w.get(NodeId::new(7)).is_none());
         assert!(closed(reader));
         // Kept again after the table emptied: the same closer closes it.
         let (fd, reader) = pipe();
-        drop(w.keep(8, fd));
+        drop(w.keep(NodeId::new(8), fd));
         std::thread::sleep(IDLE * 4);
         assert_eq!(w.kept(), 0);
         assert!(closed(reader));
@@ -188,16 +188,16 @@ mod tests {
     fn forgetting_a_node_or_stopping_closes_at_once() {
         let w = Arc::new(Writers::default());
         let ((one, one_reader), (two, two_reader)) = (pipe(), pipe());
-        w.keep(1, one);
-        w.keep(2, two);
-        w.forget(1);
-        assert!(w.get(1).is_none());
+        w.keep(NodeId::new(1), one);
+        w.keep(NodeId::new(2), two);
+        w.forget(NodeId::new(1));
+        assert!(w.get(NodeId::new(1)).is_none());
         assert!(closed(one_reader));
         w.stop();
         assert_eq!(w.kept(), 0);
         assert!(closed(two_reader));
         let (three, _) = pipe();
-        w.keep(3, three);
+        w.keep(NodeId::new(3), three);
         assert_eq!(w.kept(), 0, "a stopped table keeps nothing");
     }
 
@@ -205,13 +205,16 @@ mod tests {
     fn at_most_max_kept_are_kept_and_the_least_recently_used_goes() {
         let w = Arc::new(Writers::default());
         for n in 0..MAX_KEPT as u64 {
-            w.keep(n, pipe().0);
+            w.keep(NodeId::new(n), pipe().0);
             std::thread::sleep(Duration::from_micros(50));
         }
-        w.get(0); // now the most recently used
-        w.keep(1000, pipe().0);
+        w.get(NodeId::new(0)); // now the most recently used
+        w.keep(NodeId::new(1000), pipe().0);
         assert_eq!(w.kept(), MAX_KEPT);
-        assert!(w.get(0).is_some());
-        assert!(w.get(1).is_none(), "the least recently used was closed");
+        assert!(w.get(NodeId::new(0)).is_some());
+        assert!(
+            w.get(NodeId::new(1)).is_none(),
+            "the least recently used was closed"
+        );
     }
 }

@@ -12,8 +12,8 @@ use crate::export::handles::Handle;
 use crate::nodes::Node;
 
 /// GETATTR of `node`, through handle `fh` when it has one (an unlinked file's, say).
-pub fn getattr(fs: &ExportFs, node: NodeId, fh: HandleId) -> SysResult<Reply> {
-    if fh != 0 {
+pub fn getattr(fs: &ExportFs, node: NodeId, fh: Option<HandleId>) -> SysResult<Reply> {
+    if let Some(fh) = fh {
         if let Ok(h) = fs.handles.get(node, fh) {
             let st = match &*h {
                 Handle::File(f) => fs.host().stat(f.as_fd())?,
@@ -31,7 +31,7 @@ pub fn setattr(
     fs: &ExportFs,
     caller: Caller,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     set: SetAttr,
 ) -> SysResult<Reply> {
     let (n, fd) = fs.node_fd(node)?;
@@ -50,15 +50,11 @@ fn apply_setattr(
     fs: &ExportFs,
     n: &Node,
     fd: &OwnedFd,
-    fh: HandleId,
+    fh: Option<HandleId>,
     set: SetAttr,
     caller: Caller,
 ) -> SysResult<()> {
-    let file = if fh != 0 {
-        fs.handles.file(n.id, fh).ok()
-    } else {
-        None
-    };
+    let file = fh.and_then(|fh| fs.handles.file(n.id, fh).ok());
     let file_fd = file.as_ref().map(|h| match &**h {
         Handle::File(f) => f.as_fd(),
         Handle::Dir(_) => unreachable!(),

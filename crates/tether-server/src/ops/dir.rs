@@ -25,12 +25,12 @@ pub fn opendir(fs: &ExportFs, node: NodeId) -> SysResult<Reply> {
 pub fn readdir(
     fs: &ExportFs,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     offset: u64,
     size: u32,
     plus: bool,
 ) -> SysResult<Reply> {
-    let h = if fh != 0 {
+    let h = if let Some(fh) = fh {
         fs.handles.get(node, fh)?
     } else {
         // Listing addressed by node (no-opendir mode): a stream just for this request;
@@ -76,7 +76,7 @@ pub fn readdir(
         };
         budget -= need;
         entries.push(DirEntry {
-            ino: entry.as_ref().map(|e| e.node).unwrap_or(ino),
+            ino: entry.as_ref().map_or(ino, |e| e.node).get(),
             offset: raw.next_offset,
             kind: raw.kind,
             name: Bytes::from(raw.name),
@@ -94,11 +94,16 @@ pub fn readdir(
 }
 
 /// RELEASEDIR: as a file's RELEASE, the handle says which.
-pub fn releasedir(fs: &ExportFs, node: NodeId, fh: HandleId) -> SysResult<Reply> {
+pub fn releasedir(fs: &ExportFs, node: NodeId, fh: Option<HandleId>) -> SysResult<Reply> {
     io::release(fs, node, fh)
 }
 
 /// FSYNCDIR: as a file's FSYNC, the handle says which.
-pub fn fsyncdir(fs: &ExportFs, node: NodeId, fh: HandleId, datasync: bool) -> SysResult<Reply> {
+pub fn fsyncdir(
+    fs: &ExportFs,
+    node: NodeId,
+    fh: Option<HandleId>,
+    datasync: bool,
+) -> SysResult<Reply> {
     io::fsync(fs, node, fh, datasync)
 }

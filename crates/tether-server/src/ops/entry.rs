@@ -275,10 +275,10 @@ pub fn create(
         if new_file && plain_writable(flags) {
             fs.writers.keep(entry.node, f);
         }
-        0
+        None
     } else {
         match fs.handles.add(entry.node, Handle::File(f)) {
-            Ok(fh) => fh,
+            Ok(fh) => Some(fh),
             Err(e) => {
                 fs.nodes.forget(entry.node, 1);
                 return Err(e);

@@ -48,7 +48,7 @@ pub fn open(fs: &ExportFs, node: NodeId, flags: u32) -> SysResult<Reply> {
 pub fn reopen(
     fs: &ExportFs,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     flags: u32,
     dir: bool,
 ) -> SysResult<Reply> {
@@ -71,7 +71,7 @@ pub fn reopen(
 pub fn read_into(
     fs: &ExportFs,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     offset: u64,
     buf: &mut [u8],
 ) -> SysResult<usize> {
@@ -114,10 +114,10 @@ impl WriteFd {
     }
 }
 
-/// The descriptor a WRITE goes through: handle `fh`, or for writes by node (`fh` 0) the
+/// The descriptor a WRITE goes through: handle `fh`, or for writes by node (no `fh`) the
 /// node's kept writable descriptor, opened and kept if there is none (export/writers.rs).
-fn write_fd(fs: &ExportFs, node: NodeId, fh: HandleId) -> SysResult<WriteFd> {
-    if fh != 0 {
+fn write_fd(fs: &ExportFs, node: NodeId, fh: Option<HandleId>) -> SysResult<WriteFd> {
+    if let Some(fh) = fh {
         return fs.handles.file(node, fh).map(WriteFd::Handle);
     }
     if let Some(fd) = fs.writers.get(node) {
@@ -131,7 +131,7 @@ pub fn write(
     fs: &ExportFs,
     caller: Caller,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     offset: u64,
     data: &[u8],
 ) -> SysResult<Reply> {
@@ -149,7 +149,7 @@ pub fn write(
             // server: FUSE_HANDLE_KILLPRIV_V2). The data is written either way.
             if caller.uid != 0 {
                 if let Err(e) = kill_suidgid(fs, f, caller) {
-                    tracing::debug!(node, "clearing set-user-ID after a write: {e:?}");
+                    tracing::debug!(%node, "clearing set-user-ID after a write: {e:?}");
                 }
             }
             Ok(written)
@@ -173,8 +173,13 @@ pub fn flush() -> SysResult<Reply> {
 }
 
 /// FSYNC (and FSYNCDIR) through handle `fh`, or the node reopened for it.
-pub fn fsync(fs: &ExportFs, node: NodeId, fh: HandleId, datasync: bool) -> SysResult<Reply> {
-    let h = if fh != 0 {
+pub fn fsync(
+    fs: &ExportFs,
+    node: NodeId,
+    fh: Option<HandleId>,
+    datasync: bool,
+) -> SysResult<Reply> {
+    let h = if let Some(fh) = fh {
         fs.handles.get(node, fh)?
     } else {
         let (_, fd) = fs.openable_node(node)?;
@@ -188,7 +193,7 @@ pub fn fsync(fs: &ExportFs, node: NodeId, fh: HandleId, datasync: bool) -> SysRe
 }
 
 /// RELEASE (and RELEASEDIR) of handle `fh`.
-pub fn release(fs: &ExportFs, node: NodeId, fh: HandleId) -> SysResult<Reply> {
+pub fn release(fs: &ExportFs, node: NodeId, fh: Option<HandleId>) -> SysResult<Reply> {
     fs.handles.release(node, fh);
     Ok(Reply::Empty)
 }
@@ -197,7 +202,7 @@ pub fn release(fs: &ExportFs, node: NodeId, fh: HandleId) -> SysResult<Reply> {
 pub fn fallocate(
     fs: &ExportFs,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     (offset, length): (u64, u64),
     mode: u32,
 ) -> SysResult<Reply> {
@@ -220,7 +225,7 @@ pub fn fallocate(
 pub fn lseek(
     fs: &ExportFs,
     node: NodeId,
-    fh: HandleId,
+    fh: Option<HandleId>,
     offset: i64,
     whence: u32,
 ) -> SysResult<Reply> {
@@ -233,8 +238,8 @@ pub fn lseek(
 /// COPY_FILE_RANGE of `len` bytes from (node, handle, offset) `from` to `to`.
 pub fn copy_file_range(
     fs: &ExportFs,
-    (node_in, fh_in, offset_in): (NodeId, HandleId, u64),
-    (node_out, fh_out, offset_out): (NodeId, HandleId, u64),
+    (node_in, fh_in, offset_in): (NodeId, Option<HandleId>, u64),
+    (node_out, fh_out, offset_out): (NodeId, Option<HandleId>, u64),
     len: u64,
     flags: u32,
 ) -> SysResult<Reply> {

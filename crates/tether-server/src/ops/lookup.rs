@@ -150,7 +150,13 @@ fn state_now(fs: &ExportFs, node: &Arc<Node>, st: libc::stat, new: bool) -> SysR
 /// The reply to a creation of `entry` in `parent` (descriptor `pfd`), with handle `fh`:
 /// after it the kernel drops the directory's attributes and asks for them again before
 /// its next lookup there, so they come along (DIR_ATTR).
-pub fn created(fs: &ExportFs, entry: Entry, fh: HandleId, parent: NodeId, pfd: &OwnedFd) -> Reply {
+pub fn created(
+    fs: &ExportFs,
+    entry: Entry,
+    fh: Option<HandleId>,
+    parent: NodeId,
+    pfd: &OwnedFd,
+) -> Reply {
     let dir = fs
         .dir_attr
         .then(|| fs.host().stat(pfd.as_fd()).ok())

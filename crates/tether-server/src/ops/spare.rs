@@ -95,7 +95,7 @@ pub fn bind(
             flags: entry_flags::NEW_FILE,
             attr: fs.attr_of(&st, node),
         };
-        return Ok(created(fs, entry, 0, parent, &pfd));
+        return Ok(created(fs, entry, None, parent, &pfd));
     }
     match fs.host().stat_at(pfd.as_fd(), &cname) {
         Ok(st) if fs.nodes.id_for(st.st_dev, st.st_ino) == node => {
@@ -103,7 +103,7 @@ pub fn bind(
             // Its one lookup is the one SPARES counted in the earlier session.
             let mut entry = entry_of(fs, parent, named, cname)?;
             entry.flags |= entry_flags::NEW_FILE;
-            return Ok(created(fs, entry, 0, parent, &pfd));
+            return Ok(created(fs, entry, None, parent, &pfd));
         }
         Ok(_) => return Err(WireErrno::EEXIST),
         Err(WireErrno::ENOENT) => {}
@@ -187,5 +187,5 @@ fn bind_spare(
     // entry_of counted a lookup the client does not add: SPARES counted its one.
     fs.nodes.forget(node, 1);
     entry.flags |= entry_flags::NEW_FILE;
-    Ok(created(fs, entry, 0, parent, pfd))
+    Ok(created(fs, entry, None, parent, pfd))
 }

@@ -313,14 +313,14 @@ impl Watch {
             return;
         };
         // What is there now, for creations; removals only know whether it was a directory.
-        let mut node = 0;
+        let mut node = None;
         let mut file_type = if is_dir { libc::S_IFDIR } else { libc::S_IFREG };
         if matches!(change, NameChange::Created | NameChange::MovedTo) {
             if let Ok(st) = CString::new(name)
                 .map_err(|_| ())
                 .and_then(|n| self.host.stat_at(dir_fd.as_fd(), &n).map_err(|_| ()))
             {
-                node = self.nodes.id_for(st.st_dev, st.st_ino);
+                node = Some(self.nodes.id_for(st.st_dev, st.st_ino));
                 file_type = st.st_mode & libc::S_IFMT;
             }
         }
@@ -382,7 +382,7 @@ impl Watch {
             dir,
             dir_path,
             name: Bytes::from(key.1),
-            node,
+            node: Some(node),
             file_type,
             kind: EventKind::Changed(bits),
         });

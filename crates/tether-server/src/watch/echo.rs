@@ -110,7 +110,7 @@ pub fn own_changes<T>(
             .and_then(|v| size_after(before.st_size as u64, v));
         if expected.is_some_and(|s| s != size_now) {
             tracing::debug!(
-                node = *id,
+                node = %id,
                 ?expected,
                 size_now,
                 "a host change came with an own change"
@@ -138,7 +138,7 @@ pub fn changed_since_sync(host: &dyn Backend, nodes: &NodeTable, node: &Arc<Node
         return false;
     }
     tracing::trace!(
-        node = node.id,
+        node = %node.id,
         ?synced,
         ?now,
         "changed behind the client's back"

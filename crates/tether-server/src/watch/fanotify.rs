@@ -294,7 +294,7 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, b"one").unwrap();
         let dir_fd: OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
-        assert!(f.mark(5, dir_fd.as_fd()), "mark refused");
+        assert!(f.mark(NodeId::new(5), dir_fd.as_fd()), "mark refused");
         let mut buf = vec![0u8; 64 * 1024];
         std::fs::write(&file, b"own").unwrap();
         let Drained::Changed(own) = f.drain(&mut buf) else {
@@ -310,7 +310,10 @@ mod tests {
         let Drained::Changed(foreign) = f.drain(&mut buf) else {
             panic!("overflow")
         };
-        assert!(foreign.contains(&(5, b"f".to_vec())), "{foreign:?}");
-        f.unmark(5, Some(dir_fd.as_fd()));
+        assert!(
+            foreign.contains(&(NodeId::new(5), b"f".to_vec())),
+            "{foreign:?}"
+        );
+        f.unmark(NodeId::new(5), Some(dir_fd.as_fd()));
     }
 }
