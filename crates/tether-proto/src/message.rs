@@ -216,10 +216,10 @@ pub enum SetTime {
 }
 
 /// File attributes as the host reported them (96 bytes on the wire).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
     /// The node id; the guest shows it as st_ino.
-    pub ino: u64,
+    pub ino: NodeId,
     pub size: u64,
     pub blocks: u64,
     pub atime: Timespec,
@@ -303,7 +303,8 @@ pub fn fuse_dirent_size(name_len: usize, plus: bool) -> usize {
 /// each present entry counts as one lookup of its node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
-    pub ino: u64,
+    /// The entry's node id; the guest shows it as d_ino.
+    pub ino: NodeId,
     /// Cookie to continue listing after this entry.
     pub offset: u64,
     /// DT_* type (Linux numbering).
@@ -697,8 +698,27 @@ impl SetTime {
 
 impl Attr {
     pub const WIRE_LEN: usize = 96;
+
+    /// Attributes of node `ino` with every other field 0, to fill in.
+    pub fn of(ino: NodeId) -> Attr {
+        Attr {
+            ino,
+            size: 0,
+            blocks: 0,
+            atime: Timespec::default(),
+            mtime: Timespec::default(),
+            ctime: Timespec::default(),
+            mode: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            seq: 0,
+        }
+    }
     pub fn encode(&self, e: &mut Encoder) {
-        e.u64(self.ino).u64(self.size).u64(self.blocks);
+        e.node(self.ino).u64(self.size).u64(self.blocks);
         self.atime.encode(e);
         self.mtime.encode(e);
         self.ctime.encode(e);
@@ -712,7 +732,7 @@ impl Attr {
     }
     pub fn decode(d: &mut Decoder) -> Result<Self, DecodeError> {
         Ok(Attr {
-            ino: d.u64()?,
+            ino: d.node()?,
             size: d.u64()?,
             blocks: d.u64()?,
             atime: Timespec::decode(d)?,
@@ -1428,7 +1448,7 @@ impl Reply {
             Reply::Dir { entries, end } => {
                 e.u32(entries.len() as u32);
                 for de in entries {
-                    e.u64(de.ino).u64(de.offset).u8(de.kind).name(&de.name);
+                    e.node(de.ino).u64(de.offset).u8(de.kind).name(&de.name);
                     match &de.entry {
                         Some(en) => {
                             e.u8(1);
@@ -1535,7 +1555,7 @@ impl Reply {
                 let n = d.u32()? as usize;
                 let mut v = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
-                    let ino = d.u64()?;
+                    let ino = d.node()?;
                     let offset = d.u64()?;
                     let kind = d.u8()?;
                     let name = d.name()?;

@@ -39,7 +39,7 @@ fn b(s: &'static [u8]) -> Bytes {
 /// The attributes used in every Entry/Attr reply below.
 fn attr() -> Attr {
     Attr {
-        ino: N.get(),
+        ino: N,
         size: 5000,
         blocks: 16,
         atime: Timespec {
@@ -1580,14 +1580,14 @@ fn reply_cases() -> Vec<ReplyCase> {
             result: Ok(Reply::Dir {
                 entries: vec![
                     DirEntry {
-                        ino: ROOT_NODE.get(),
+                        ino: ROOT_NODE,
                         offset: 1,
                         kind: 4,
                         name: b(b"."),
                         entry: None,
                     },
                     DirEntry {
-                        ino: N.get(),
+                        ino: N,
                         offset: 2,
                         kind: 8,
                         name: b(b"file"),
@@ -1626,14 +1626,14 @@ fn reply_cases() -> Vec<ReplyCase> {
             result: Ok(Reply::Dir {
                 entries: vec![
                     DirEntry {
-                        ino: ROOT_NODE.get(),
+                        ino: ROOT_NODE,
                         offset: 1,
                         kind: 4,
                         name: b(b".."),
                         entry: None,
                     },
                     DirEntry {
-                        ino: N.get(),
+                        ino: N,
                         offset: 2,
                         kind: 8,
                         name: b(b"file"),
@@ -1691,7 +1691,7 @@ fn reply_cases() -> Vec<ReplyCase> {
             id: 42,
             result: Ok(Reply::Dir {
                 entries: vec![DirEntry {
-                    ino: N.get(),
+                    ino: N,
                     offset: 2,
                     kind: 8,
                     name: b(b"file"),

@@ -161,7 +161,7 @@ impl ExportFs {
     pub fn attr_of(&self, st: &libc::stat, id: NodeId) -> Attr {
         let (uid, gid) = self.ids.guest_owner(st.st_uid, st.st_gid);
         Attr {
-            ino: id.get(),
+            ino: id,
             size: st.st_size as u64,
             blocks: st.st_blocks as u64,
             atime: ts(st.st_atime, st.st_atime_nsec),

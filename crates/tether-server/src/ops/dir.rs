@@ -76,7 +76,7 @@ pub fn readdir(
         };
         budget -= need;
         entries.push(DirEntry {
-            ino: entry.as_ref().map_or(ino, |e| e.node).get(),
+            ino: entry.as_ref().map_or(ino, |e| e.node),
             offset: raw.next_offset,
             kind: raw.kind,
             name: Bytes::from(raw.name),
