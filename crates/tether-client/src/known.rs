@@ -65,7 +65,8 @@ fn name_key(parent: NodeId, name: &[u8]) -> (NodeId, u64) {
 
 impl Known {
     fn lock(&self, node: NodeId) -> MutexGuard<'_, ()> {
-        let lock = &self.node_locks[(node % NODE_LOCKS as u64) as usize];
+        // The id's value only spreads the nodes over the locks.
+        let lock = &self.node_locks[(node.get() % NODE_LOCKS as u64) as usize];
         lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -110,7 +111,8 @@ impl Known {
 
     /// Records `node`'s place, adding `lookups` to its count.
     fn place(&self, parent: NodeId, name: &[u8], node: NodeId, lookups: u64) {
-        if node == ROOT_NODE || node == 0 || name == b"." || name == b".." {
+        // (No server issues node 0; one that did would not have it placed.)
+        if node == ROOT_NODE || node.get() == 0 || name == b"." || name == b".." {
             return;
         }
         let key = name_key(parent, name);
@@ -187,9 +189,7 @@ impl Known {
     }
 
     pub fn opened(&self, fh: HandleId, h: OpenHandle) {
-        if fh != 0 {
-            self.handles.insert(fh, h);
-        }
+        self.handles.insert(fh, h);
     }
 
     pub fn released(&self, fh: HandleId) {

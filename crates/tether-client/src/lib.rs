@@ -17,6 +17,7 @@ pub mod client;
 mod control;
 pub mod fuse;
 pub mod invalidate;
+mod kernel_ids;
 pub mod known;
 pub mod mount;
 pub mod restore;

@@ -174,7 +174,7 @@ impl Restore {
             let tx = tx.clone();
             let req = Request::Reopen {
                 node: h.node,
-                fh,
+                fh: Some(fh),
                 flags: h.flags,
                 dir: h.dir,
             };
@@ -304,14 +304,14 @@ mod tests {
     #[test]
     fn a_forget_racing_a_lookup_of_the_same_node_keeps_what_the_lookup_recorded() {
         let known = Arc::new(Known::default());
-        let node = 7;
-        known.given(1, b"f", node, || true); // the inode the kernel is about to drop
+        let (dir, node) = (NodeId::new(1), NodeId::new(7));
+        known.given(dir, b"f", node, || true); // the inode the kernel is about to drop
         let recorded = Arc::new(Mutex::new(HashSet::new()));
         let (recording, forget_now) = channel();
         let giver = {
             let (known, recorded) = (known.clone(), recorded.clone());
             std::thread::spawn(move || {
-                known.given(1, b"f", node, || {
+                known.given(dir, b"f", node, || {
                     recorded.lock().unwrap().insert(node);
                     recording.send(()).unwrap();
                     // Room for the FORGET to run in between, if nothing stops it.

@@ -7,7 +7,7 @@ use std::thread;
 
 use bytes::Bytes;
 use tether_client::Connection;
-use tether_proto::{Caller, Reply, Request, WireErrno, ROOT_NODE};
+use tether_proto::{Caller, HandleId, NodeId, Reply, Request, WireErrno, ROOT_NODE};
 use tether_server::{run_session, Export, ExportOptions, SessionLimits};
 use tether_transport::memory_pipe;
 
@@ -146,7 +146,7 @@ fn create_write_read_list_rename_unlink() {
         &s,
         Request::Readdir {
             node: e.node,
-            fh: dh,
+            fh: Some(dh),
             offset: 0,
             size: 4096,
             plus: true,
@@ -245,8 +245,8 @@ fn names_that_could_escape_are_refused() {
         call(
             &s,
             Request::Getattr {
-                node: 987654321,
-                fh: 0
+                node: NodeId::new(987654321),
+                fh: None
             }
         ),
         Err(WireErrno::ESTALE)
@@ -257,7 +257,7 @@ fn names_that_could_escape_are_refused() {
             &s,
             Request::Read {
                 node: ROOT_NODE,
-                fh: 4242,
+                fh: HandleId::new(4242),
                 offset: 0,
                 size: 10
             }

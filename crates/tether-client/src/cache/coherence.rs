@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use fuser::{INodeNo, Notifier};
+use fuser::Notifier;
 use tether_proto::{
     decode_invalidate, decode_lock_freed, push_op, FrameHeader, HostEvent, InvalidatePush,
     Invalidation, NodeId, ROOT_NODE,
@@ -31,6 +31,7 @@ use tether_proto::{
 
 use crate::invalidate::fixer::AttrFixer;
 use crate::invalidate::host_events::{Backlog, Replayer};
+use crate::kernel_ids::ino_of;
 
 /// Host events to replay: batch `batch` of the name invalidations that wait for them.
 struct Replay {
@@ -770,7 +771,7 @@ impl Coherence {
         len: i64,
     ) -> std::io::Result<()> {
         let _gate = self.inval_gate.lock().unwrap_or_else(|e| e.into_inner());
-        notifier.inval_inode(INodeNo(node), offset, len)
+        notifier.inval_inode(ino_of(node), offset, len)
     }
 
     /// Holds back every `inval_inode` until the guard is dropped. The kernel throws away
@@ -995,7 +996,7 @@ impl Coherence {
     /// gap: `inval_entry` waits for the directory's lookups and listings to finish.
     fn inval_pushed(&self, notifier: &Notifier, node: NodeId) {
         let r = self.inval_inode(notifier, node, 0, 0);
-        tracing::trace!(node, ok = r.is_ok(), "inval_inode");
+        tracing::trace!(%node, ok = r.is_ok(), "inval_inode");
         let just_given =
             || (self.last_given(node)).is_some_and(|at| at.elapsed() < REFUSED_GIVEN_WITHIN);
         if is_not_found(&r) && just_given() {
@@ -1065,7 +1066,7 @@ impl Coherence {
     /// after all, the next push must still be applied, not skipped as unneeded.
     fn gave_up_on(&self, node: NodeId) {
         tracing::debug!(
-            node,
+            %node,
             "the kernel has no inode for a node it was given: not invalidated"
         );
         self.kernel_may_hold(node);
@@ -1114,7 +1115,7 @@ impl Coherence {
             work.extend(rx.try_iter());
             for w in work {
                 if self.fixer.get().is_some() {
-                    changed.extend(w.events.iter().map(|e| e.node));
+                    changed.extend(w.events.iter().filter_map(|e| e.node));
                 }
                 r.admit(&mut backlog, w.events);
                 admitted = w.batch;
@@ -1152,8 +1153,8 @@ impl Coherence {
             match item {
                 Invalidation::Inode(n) => self.inval_pushed(notifier, n),
                 Invalidation::Entry { parent, name } => {
-                    let r = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-                    tracing::trace!(parent, name = %String::from_utf8_lossy(&name), ok = r.is_ok(), "inval_entry");
+                    let r = notifier.inval_entry(ino_of(parent), OsStr::from_bytes(&name));
+                    tracing::trace!(%parent, name = %String::from_utf8_lossy(&name), ok = r.is_ok(), "inval_entry");
                 }
                 Invalidation::All => {
                     // Cached names cannot be listed one by one: make the kernel look every
@@ -1197,93 +1198,111 @@ pub(crate) mod tests {
     fn a_listing_end_answers_once_and_only_while_nothing_changed() {
         let co = Coherence::new();
         co.enable();
-        co.set_watched(5, true);
+        co.set_watched(NodeId::new(5), true);
         let asked = |co: &Coherence| (co.now(), co.names_made());
 
         let (sent, names) = asked(&co);
-        co.listing_ended(5, 99, sent, names);
-        assert!(!co.listing_surely_ended(5, 98), "another offset");
-        assert!(co.listing_surely_ended(5, 99));
-        assert!(!co.listing_surely_ended(5, 99), "answered once");
+        co.listing_ended(NodeId::new(5), 99, sent, names);
+        assert!(
+            !co.listing_surely_ended(NodeId::new(5), 98),
+            "another offset"
+        );
+        assert!(co.listing_surely_ended(NodeId::new(5), 99));
+        assert!(
+            !co.listing_surely_ended(NodeId::new(5), 99),
+            "answered once"
+        );
 
         // A name made through the mount, in any directory, after the listing was asked
         // for: before its reply came, or after.
         let (sent, names) = asked(&co);
-        co.name_made(6, b"made-meanwhile");
-        co.listing_ended(5, 99, sent, names);
+        co.name_made(NodeId::new(6), b"made-meanwhile");
+        co.listing_ended(NodeId::new(5), 99, sent, names);
         assert!(
-            !co.listing_surely_ended(5, 99),
+            !co.listing_surely_ended(NodeId::new(5), 99),
             "made while the listing was on its way"
         );
         let (sent, names) = asked(&co);
-        co.listing_ended(5, 99, sent, names);
-        co.name_made(5, b"made-after");
-        assert!(!co.listing_surely_ended(5, 99), "made after the listing");
+        co.listing_ended(NodeId::new(5), 99, sent, names);
+        co.name_made(NodeId::new(5), b"made-after");
+        assert!(
+            !co.listing_surely_ended(NodeId::new(5), 99),
+            "made after the listing"
+        );
 
         // The directory invalidated by a push: before the reply came, or after.
         let (sent, names) = asked(&co);
-        push(&co, 1, &[Invalidation::Inode(5)]);
-        co.listing_ended(5, 99, sent, names);
-        assert!(!co.listing_surely_ended(5, 99), "pushed while on its way");
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(5))]);
+        co.listing_ended(NodeId::new(5), 99, sent, names);
+        assert!(
+            !co.listing_surely_ended(NodeId::new(5), 99),
+            "pushed while on its way"
+        );
         let (sent, names) = asked(&co);
-        co.listing_ended(5, 99, sent, names);
-        push(&co, 2, &[Invalidation::Inode(5)]);
-        assert!(!co.listing_surely_ended(5, 99), "pushed after");
+        co.listing_ended(NodeId::new(5), 99, sent, names);
+        push(&co, 2, &[Invalidation::Inode(NodeId::new(5))]);
+        assert!(!co.listing_surely_ended(NodeId::new(5), 99), "pushed after");
 
         // Not watched: no pushes would say when it changed.
-        co.set_watched(7, false);
+        co.set_watched(NodeId::new(7), false);
         let (sent, names) = asked(&co);
-        co.listing_ended(7, 99, sent, names);
-        assert!(!co.listing_surely_ended(7, 99), "an unwatched directory");
+        co.listing_ended(NodeId::new(7), 99, sent, names);
+        assert!(
+            !co.listing_surely_ended(NodeId::new(7), 99),
+            "an unwatched directory"
+        );
 
         // Too old.
         let (sent, names) = asked(&co);
-        co.listing_ended(5, 99, sent, names);
+        co.listing_ended(NodeId::new(5), 99, sent, names);
         std::thread::sleep(LISTING_END_FOR + Duration::from_millis(50));
-        assert!(!co.listing_surely_ended(5, 99), "a second later");
+        assert!(
+            !co.listing_surely_ended(NodeId::new(5), 99),
+            "a second later"
+        );
     }
 
     #[test]
     fn a_reply_to_a_request_sent_before_an_invalidation_is_not_cached() {
         let co = Coherence::new();
         co.enable();
-        co.set_watched(7, true);
-        co.set_watched(8, true);
+        co.set_watched(NodeId::new(7), true);
+        co.set_watched(NodeId::new(8), true);
         let sent_before = co.now();
         push(
             &co,
             1,
             &[
-                Invalidation::Inode(7),
+                Invalidation::Inode(NodeId::new(7)),
                 Invalidation::Entry {
-                    parent: 8,
+                    parent: NodeId::new(8),
                     name: Bytes::from_static(b"x"),
                 },
             ],
         );
         // Sent before the push: replies about 7 (or entries in 8) may predate the change.
-        assert!(!co.fresh(7, sent_before));
-        assert!(!co.cacheable(8, sent_before));
+        assert!(!co.fresh(NodeId::new(7), sent_before));
+        assert!(!co.cacheable(NodeId::new(8), sent_before));
         // Sent after the push arrived: the server answered after seeing the change.
         let sent_after = co.now();
         assert_eq!(sent_after, 1);
-        assert!(co.cacheable(7, sent_after));
-        assert!(co.cacheable(8, sent_after));
+        assert!(co.cacheable(NodeId::new(7), sent_after));
+        assert!(co.cacheable(NodeId::new(8), sent_after));
         // Nodes not named by the push stay cacheable either way.
-        co.set_watched(9, true);
-        assert!(co.cacheable(9, sent_before));
+        co.set_watched(NodeId::new(9), true);
+        assert!(co.cacheable(NodeId::new(9), sent_before));
     }
 
     #[test]
     fn unwatched_nodes_and_disabled_coherence_are_never_cached_indefinitely() {
         let co = Coherence::new();
-        co.set_watched(5, true);
-        assert!(!co.cacheable(5, 0), "coherence not negotiated");
+        co.set_watched(NodeId::new(5), true);
+        assert!(!co.cacheable(NodeId::new(5), 0), "coherence not negotiated");
         co.enable();
-        co.set_watched(5, false);
-        assert!(!co.cacheable(5, 0));
+        co.set_watched(NodeId::new(5), false);
+        assert!(!co.cacheable(NodeId::new(5), 0));
         assert_eq!(co.watch_counts(), (1, 1), "root watched, node 5 not");
-        co.forget(5);
+        co.forget(NodeId::new(5));
         assert_eq!(co.watch_counts(), (1, 0));
     }
 
@@ -1294,29 +1313,29 @@ pub(crate) mod tests {
     fn forgetting_a_node_does_not_make_older_replies_about_it_fresh() {
         let co = Coherence::new();
         co.enable();
-        co.set_watched(7, true);
+        co.set_watched(NodeId::new(7), true);
         let sent_before = co.now();
-        push(&co, 1, &[Invalidation::Inode(7)]);
-        co.forget(7);
-        co.set_watched(7, true); // the racing LOOKUP's reply
-        assert!(!co.fresh(7, sent_before));
-        assert!(co.fresh(7, co.now()));
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(7))]);
+        co.forget(NodeId::new(7));
+        co.set_watched(NodeId::new(7), true); // the racing LOOKUP's reply
+        assert!(!co.fresh(NodeId::new(7), sent_before));
+        assert!(co.fresh(NodeId::new(7), co.now()));
         // Other nodes: only replies to requests in flight at that push are doubted, not
         // what was kept from replies before it.
-        co.set_watched(9, true);
-        assert!(!co.cacheable(9, sent_before));
-        assert!(co.cacheable(9, co.now()));
-        assert!(co.still_cacheable(9, sent_before));
+        co.set_watched(NodeId::new(9), true);
+        assert!(!co.cacheable(NodeId::new(9), sent_before));
+        assert!(co.cacheable(NodeId::new(9), co.now()));
+        assert!(co.still_cacheable(NodeId::new(9), sent_before));
     }
 
     #[test]
     fn overflow_invalidates_everything_known() {
         let co = Coherence::new();
         co.enable();
-        co.set_watched(3, true);
+        co.set_watched(NodeId::new(3), true);
         let sent = co.now();
         push(&co, 4, &[Invalidation::All]);
-        assert!(!co.fresh(3, sent));
+        assert!(!co.fresh(NodeId::new(3), sent));
         assert!(!co.fresh(ROOT_NODE, sent));
         assert_eq!(co.counters.pushes.load(Ordering::Relaxed), 1);
     }
@@ -1327,33 +1346,48 @@ pub(crate) mod tests {
     fn an_inval_is_needed_only_for_what_the_kernel_was_given_since_the_last() {
         let co = Coherence::new();
         co.enable();
-        assert!(!co.kernel_holds_anything(7), "never given anything");
-        co.kernel_may_hold(7); // a READ, say
-        assert!(co.kernel_holds_anything(7));
-        assert!(!co.kernel_holds_anything(7), "dropped by the one before");
+        assert!(
+            !co.kernel_holds_anything(NodeId::new(7)),
+            "never given anything"
+        );
+        co.kernel_may_hold(NodeId::new(7)); // a READ, say
+        assert!(co.kernel_holds_anything(NodeId::new(7)));
+        assert!(
+            !co.kernel_holds_anything(NodeId::new(7)),
+            "dropped by the one before"
+        );
 
         // A reply being decided: needed until it is done, and after it only if cached.
-        let reply = co.caching(7);
-        assert!(co.kernel_holds_anything(7));
-        assert!(co.kernel_holds_anything(7), "still being decided");
+        let reply = co.caching(NodeId::new(7));
+        assert!(co.kernel_holds_anything(NodeId::new(7)));
+        assert!(
+            co.kernel_holds_anything(NodeId::new(7)),
+            "still being decided"
+        );
         drop(reply);
-        assert!(!co.kernel_holds_anything(7), "given with TTL 0");
-        let reply = co.caching(7);
+        assert!(
+            !co.kernel_holds_anything(NodeId::new(7)),
+            "given with TTL 0"
+        );
+        let reply = co.caching(NodeId::new(7));
         reply.cached();
         drop(reply);
-        assert!(co.kernel_holds_anything(7));
-        assert!(!co.kernel_holds_anything(7));
+        assert!(co.kernel_holds_anything(NodeId::new(7)));
+        assert!(!co.kernel_holds_anything(NodeId::new(7)));
 
         // A FORGET drops what was given, but not a reply racing it.
-        co.kernel_may_hold(7);
-        co.forget(7);
-        assert!(!co.kernel_holds_anything(7), "forgotten");
-        let reply = co.caching(7);
-        co.forget(7);
-        assert!(co.kernel_holds_anything(7), "a LOOKUP racing the FORGET");
+        co.kernel_may_hold(NodeId::new(7));
+        co.forget(NodeId::new(7));
+        assert!(!co.kernel_holds_anything(NodeId::new(7)), "forgotten");
+        let reply = co.caching(NodeId::new(7));
+        co.forget(NodeId::new(7));
+        assert!(
+            co.kernel_holds_anything(NodeId::new(7)),
+            "a LOOKUP racing the FORGET"
+        );
         reply.cached();
         drop(reply);
-        assert!(co.kernel_holds_anything(7));
+        assert!(co.kernel_holds_anything(NodeId::new(7)));
         assert!(co.kernel_holds.is_empty(), "nothing left behind");
     }
 
@@ -1386,16 +1420,19 @@ pub(crate) mod tests {
     fn an_invalidation_record_never_goes_back() {
         let co = Coherence::new();
         co.enable();
-        co.set_watched(7, true);
+        co.set_watched(NodeId::new(7), true);
         let distrust_seq = co.next_seq();
         let sent_between = co.now();
-        push(&co, 1, &[Invalidation::Inode(7)]);
-        co.mark_invalidated(7, distrust_seq);
-        assert_eq!(co.invalidated.get(&7).map(|s| *s), Some(distrust_seq + 1));
-        assert!(!co.fresh(7, sent_between));
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(7))]);
+        co.mark_invalidated(NodeId::new(7), distrust_seq);
+        assert_eq!(
+            co.invalidated.get(&NodeId::new(7)).map(|s| *s),
+            Some(distrust_seq + 1)
+        );
+        assert!(!co.fresh(NodeId::new(7), sent_between));
         // And an "everything" push keeps a later record too.
-        co.mark_invalidated(7, 10);
+        co.mark_invalidated(NodeId::new(7), 10);
         co.invalidate_all(9);
-        assert_eq!(co.invalidated.get(&7).map(|s| *s), Some(10));
+        assert_eq!(co.invalidated.get(&NodeId::new(7)).map(|s| *s), Some(10));
     }
 }

@@ -232,7 +232,7 @@ mod tests {
     fn attr(size: u64) -> Option<Box<Attr>> {
         Some(Box::new(Attr {
             size,
-            ..Attr::default()
+            ..Attr::of(NodeId::new(1))
         }))
     }
 
@@ -247,43 +247,43 @@ mod tests {
     fn an_entry_is_kept_only_if_nothing_changed_while_its_lookup_was_on_its_way() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();
-        co.set_watched(5, true);
-        co.set_watched(6, true);
+        co.set_watched(NodeId::new(5), true);
+        co.set_watched(NodeId::new(6), true);
         let (since, sent) = (d.looking(), co.now());
-        d.learn_entry(5, since, &attr(3).unwrap(), sent, &co);
-        assert_eq!(d.get(5, &co).map(|a| a.size), Some(3));
+        d.learn_entry(NodeId::new(5), since, &attr(3).unwrap(), sent, &co);
+        assert_eq!(d.get(NodeId::new(5), &co).map(|a| a.size), Some(3));
         // A write to it afterwards leaves it unknown until the write's own reply.
-        let w = d.asking(5);
-        assert!(d.get(5, &co).is_none());
-        d.learn(5, w, attr(9).as_deref(), co.now(), &co);
-        assert_eq!(d.get(5, &co).map(|a| a.size), Some(9));
+        let w = d.asking(NodeId::new(5));
+        assert!(d.get(NodeId::new(5), &co).is_none());
+        d.learn(NodeId::new(5), w, attr(9).as_deref(), co.now(), &co);
+        assert_eq!(d.get(NodeId::new(5), &co).map(|a| a.size), Some(9));
         // A change of another node while the lookup was on its way: nothing learned.
         let (since, sent) = (d.looking(), co.now());
-        d.touching(&unlink(1));
-        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
-        assert!(d.get(6, &co).is_none());
+        d.touching(&unlink(NodeId::new(1)));
+        d.learn_entry(NodeId::new(6), since, &attr(4).unwrap(), sent, &co);
+        assert!(d.get(NodeId::new(6), &co).is_none());
         // A push revoking the node after the lookup was sent: nothing learned.
         let (since, sent) = (d.looking(), co.now());
-        co.distrust(6);
-        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
-        assert!(d.get(6, &co).is_none());
+        co.distrust(NodeId::new(6));
+        d.learn_entry(NodeId::new(6), since, &attr(4).unwrap(), sent, &co);
+        assert!(d.get(NodeId::new(6), &co).is_none());
         // A later removal anywhere makes a file's link count doubtful.
         let (since, sent) = (d.looking(), co.now());
-        d.learn_entry(6, since, &attr(4).unwrap(), sent, &co);
-        assert_eq!(d.get(6, &co).map(|a| a.size), Some(4));
-        d.touching(&unlink(1));
-        assert!(d.get(6, &co).is_none());
+        d.learn_entry(NodeId::new(6), since, &attr(4).unwrap(), sent, &co);
+        assert_eq!(d.get(NodeId::new(6), &co).map(|a| a.size), Some(4));
+        d.touching(&unlink(NodeId::new(1)));
+        assert!(d.get(NodeId::new(6), &co).is_none());
     }
 
     #[test]
     fn attributes_from_a_creation_are_kept_until_the_directory_is_touched() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable(); // the root (1) is watched
-        let t = d.asking(1);
-        d.learn(1, t, attr(5).as_deref(), co.now(), &co);
-        assert_eq!(d.get(1, &co).map(|a| a.size), Some(5));
-        d.touching(&unlink(1));
-        assert!(d.get(1, &co).is_none());
+        let t = d.asking(NodeId::new(1));
+        d.learn(NodeId::new(1), t, attr(5).as_deref(), co.now(), &co);
+        assert_eq!(d.get(NodeId::new(1), &co).map(|a| a.size), Some(5));
+        d.touching(&unlink(NodeId::new(1)));
+        assert!(d.get(NodeId::new(1), &co).is_none());
     }
 
     /// A lock just granted (fuse/locks.rs) distrusts the node: the last holder may have written
@@ -293,21 +293,27 @@ mod tests {
     fn a_distrusted_node_has_nothing_known_and_keeps_no_reply_on_its_way() {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();
-        co.set_watched(2, true);
-        let t = d.asking(2);
-        d.learn(2, t, attr(1).as_deref(), co.now(), &co);
-        assert_eq!(d.get(2, &co).map(|a| a.size), Some(1));
-        co.distrust(2);
-        assert!(d.get(2, &co).is_none());
-        let (on_its_way, sent_before) = (d.asking(2), co.now());
-        co.distrust(2);
-        assert!(!co.cacheable(2, sent_before));
-        d.learn(2, on_its_way, attr(1).as_deref(), sent_before, &co);
-        assert!(d.get(2, &co).is_none());
+        co.set_watched(NodeId::new(2), true);
+        let t = d.asking(NodeId::new(2));
+        d.learn(NodeId::new(2), t, attr(1).as_deref(), co.now(), &co);
+        assert_eq!(d.get(NodeId::new(2), &co).map(|a| a.size), Some(1));
+        co.distrust(NodeId::new(2));
+        assert!(d.get(NodeId::new(2), &co).is_none());
+        let (on_its_way, sent_before) = (d.asking(NodeId::new(2)), co.now());
+        co.distrust(NodeId::new(2));
+        assert!(!co.cacheable(NodeId::new(2), sent_before));
+        d.learn(
+            NodeId::new(2),
+            on_its_way,
+            attr(1).as_deref(),
+            sent_before,
+            &co,
+        );
+        assert!(d.get(NodeId::new(2), &co).is_none());
         // The next request's reply is kept again.
-        let (t, sent) = (d.asking(2), co.now());
-        d.learn(2, t, attr(2).as_deref(), sent, &co);
-        assert_eq!(d.get(2, &co).map(|a| a.size), Some(2));
+        let (t, sent) = (d.asking(NodeId::new(2)), co.now());
+        d.learn(NodeId::new(2), t, attr(2).as_deref(), sent, &co);
+        assert_eq!(d.get(NodeId::new(2), &co).map(|a| a.size), Some(2));
     }
 
     #[test]
@@ -315,16 +321,16 @@ mod tests {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();
         // An unlink sent before the creation and answered while it was on its way.
-        let unlinking = d.touching(&unlink(1)).unwrap();
-        let t = d.asking(1);
+        let unlinking = d.touching(&unlink(NodeId::new(1))).unwrap();
+        let t = d.asking(NodeId::new(1));
         unlinking.answered();
-        d.learn(1, t, attr(5).as_deref(), co.now(), &co);
-        assert!(d.get(1, &co).is_none());
+        d.learn(NodeId::new(1), t, attr(5).as_deref(), co.now(), &co);
+        assert!(d.get(NodeId::new(1), &co).is_none());
         // Two creations in flight at once: neither reply is trusted.
-        let (t1, t2) = (d.asking(1), d.asking(1));
-        d.learn(1, t1, attr(6).as_deref(), co.now(), &co);
-        d.learn(1, t2, attr(7).as_deref(), co.now(), &co);
-        assert!(d.get(1, &co).is_none());
+        let (t1, t2) = (d.asking(NodeId::new(1)), d.asking(NodeId::new(1)));
+        d.learn(NodeId::new(1), t1, attr(6).as_deref(), co.now(), &co);
+        d.learn(NodeId::new(1), t2, attr(7).as_deref(), co.now(), &co);
+        assert!(d.get(NodeId::new(1), &co).is_none());
     }
 
     /// A FORGET of another node that drops an invalidation doubts only replies on their
@@ -336,17 +342,17 @@ mod tests {
         let (d, co) = (Arc::new(KnownAttrs::default()), Coherence::new());
         co.enable();
         for n in [2, 3, 7] {
-            co.set_watched(n, true);
+            co.set_watched(NodeId::new(n), true);
         }
-        let t = d.asking(2);
-        d.learn(2, t, attr(5).as_deref(), co.now(), &co);
-        let (t, sent_before) = (d.asking(3), co.now());
-        push(&co, 1, &[Invalidation::Inode(7)]);
-        co.forget(7);
-        d.learn(3, t, attr(6).as_deref(), sent_before, &co);
-        assert_eq!(d.get(2, &co).map(|a| a.size), Some(5));
+        let t = d.asking(NodeId::new(2));
+        d.learn(NodeId::new(2), t, attr(5).as_deref(), co.now(), &co);
+        let (t, sent_before) = (d.asking(NodeId::new(3)), co.now());
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(7))]);
+        co.forget(NodeId::new(7));
+        d.learn(NodeId::new(3), t, attr(6).as_deref(), sent_before, &co);
+        assert_eq!(d.get(NodeId::new(2), &co).map(|a| a.size), Some(5));
         assert!(
-            d.get(3, &co).is_none(),
+            d.get(NodeId::new(3), &co).is_none(),
             "a reply sent before the forgotten push"
         );
     }
@@ -359,37 +365,37 @@ mod tests {
             Some(Attr {
                 size,
                 mode: libc::S_IFREG | 0o644,
-                ..Attr::default()
+                ..Attr::of(NodeId::new(1))
             })
         };
-        let t = d.asking(1);
-        d.learn(1, t, file(3).as_ref(), co.now(), &co);
-        assert_eq!(d.get(1, &co).map(|a| a.size), Some(3));
+        let t = d.asking(NodeId::new(1));
+        d.learn(NodeId::new(1), t, file(3).as_ref(), co.now(), &co);
+        assert_eq!(d.get(NodeId::new(1), &co).map(|a| a.size), Some(3));
         // Data written: a WRITE reply with the attributes after it (WRITE_ATTR) replaces
         // them; one without (a server that does not send them) leaves nothing known.
         let write = Request::Write {
-            node: 1,
-            fh: 0,
+            node: NodeId::new(1),
+            fh: None,
             offset: 0,
             data: Bytes::from_static(b"more"),
         };
         assert!(d.touching(&write).is_none(), "WRITE counts through asking");
-        let t = d.asking(1);
-        d.learn(1, t, file(7).as_ref(), co.now(), &co);
-        assert_eq!(d.get(1, &co).map(|a| a.size), Some(7));
-        let t = d.asking(1);
-        d.learn(1, t, None, co.now(), &co);
-        assert!(d.get(1, &co).is_none());
+        let t = d.asking(NodeId::new(1));
+        d.learn(NodeId::new(1), t, file(7).as_ref(), co.now(), &co);
+        assert_eq!(d.get(NodeId::new(1), &co).map(|a| a.size), Some(7));
+        let t = d.asking(NodeId::new(1));
+        d.learn(NodeId::new(1), t, None, co.now(), &co);
+        assert!(d.get(NodeId::new(1), &co).is_none());
         // Two WRITEs on their way at once: neither reply tells the state after both.
-        let (t1, t2) = (d.asking(1), d.asking(1));
-        d.learn(1, t1, file(8).as_ref(), co.now(), &co);
-        d.learn(1, t2, file(9).as_ref(), co.now(), &co);
-        assert!(d.get(1, &co).is_none());
+        let (t1, t2) = (d.asking(NodeId::new(1)), d.asking(NodeId::new(1)));
+        d.learn(NodeId::new(1), t1, file(8).as_ref(), co.now(), &co);
+        d.learn(NodeId::new(1), t2, file(9).as_ref(), co.now(), &co);
+        assert!(d.get(NodeId::new(1), &co).is_none());
         // A removal of any name may change its link count (a hard link elsewhere).
-        let t = d.asking(1);
-        d.learn(1, t, file(4).as_ref(), co.now(), &co);
-        assert!(d.get(1, &co).is_some());
-        d.touching(&unlink(7)).unwrap().answered();
-        assert!(d.get(1, &co).is_none());
+        let t = d.asking(NodeId::new(1));
+        d.learn(NodeId::new(1), t, file(4).as_ref(), co.now(), &co);
+        assert!(d.get(NodeId::new(1), &co).is_some());
+        d.touching(&unlink(NodeId::new(7))).unwrap().answered();
+        assert!(d.get(NodeId::new(1), &co).is_none());
     }
 }

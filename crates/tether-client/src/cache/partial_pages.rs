@@ -112,9 +112,9 @@ mod tests {
     #[test]
     fn whole_pages_leave_nothing_to_drop() {
         let (p, rx) = recording();
-        p.written(7, 0, 4096);
-        p.written(7, 8192, 16384);
-        p.reading(7, 0, 4096);
+        p.written(NodeId::new(7), 0, 4096);
+        p.written(NodeId::new(7), 8192, 16384);
+        p.reading(NodeId::new(7), 0, 4096);
         assert!(p.spans.is_empty());
         assert!(rx.try_recv().is_err());
     }
@@ -123,34 +123,37 @@ mod tests {
     fn a_read_of_one_partly_written_page_drops_the_others() {
         let (p, rx) = recording();
         for i in 0..12 {
-            p.written(7, i * 1024, 1024);
+            p.written(NodeId::new(7), i * 1024, 1024);
         }
-        assert_eq!(p.spans.get(&7).map(|s| *s), Some((0, 12288)));
-        p.reading(7, 4096, 4096);
-        assert_eq!(rx.try_recv(), Ok((7, (0, 4096))));
-        assert_eq!(rx.try_recv(), Ok((7, (8192, 12288))));
+        assert_eq!(p.spans.get(&NodeId::new(7)).map(|s| *s), Some((0, 12288)));
+        p.reading(NodeId::new(7), 4096, 4096);
+        assert_eq!(rx.try_recv(), Ok((NodeId::new(7), (0, 4096))));
+        assert_eq!(rx.try_recv(), Ok((NodeId::new(7), (8192, 12288))));
         assert!(rx.try_recv().is_err());
         // Once: the pages read back since are up to date.
-        p.reading(7, 8192, 4096);
+        p.reading(NodeId::new(7), 8192, 4096);
         assert!(rx.try_recv().is_err());
     }
 
     #[test]
     fn a_small_file_read_whole_drops_nothing() {
         let (p, rx) = recording();
-        p.written(9, 0, 100);
-        assert_eq!(p.spans.get(&9).map(|s| *s), Some((0, 4096)));
-        p.reading(9, 0, 4096);
+        p.written(NodeId::new(9), 0, 100);
+        assert_eq!(p.spans.get(&NodeId::new(9)).map(|s| *s), Some((0, 4096)));
+        p.reading(NodeId::new(9), 0, 4096);
         assert!(rx.try_recv().is_err());
     }
 
     #[test]
     fn an_unaligned_write_marks_only_its_end_pages() {
         let (p, _rx) = recording();
-        p.written(3, 1000, 10000);
-        assert_eq!(p.spans.get(&3).map(|s| *s), Some((0, 12288)));
+        p.written(NodeId::new(3), 1000, 10000);
+        assert_eq!(p.spans.get(&NodeId::new(3)).map(|s| *s), Some((0, 12288)));
         let (p, _rx) = recording();
-        p.written(3, 4096, 5000);
-        assert_eq!(p.spans.get(&3).map(|s| *s), Some((8192, 12288)));
+        p.written(NodeId::new(3), 4096, 5000);
+        assert_eq!(
+            p.spans.get(&NodeId::new(3)).map(|s| *s),
+            Some((8192, 12288))
+        );
     }
 }

@@ -230,93 +230,109 @@ mod tests {
 
     #[test]
     fn a_file_written_in_pieces_reads_back_with_its_holes_as_zeros() {
-        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
-        w.start(7, co.now(), &co);
-        write(&w, &co, 7, 0, b"abc");
-        write(&w, &co, 7, 6, b"xyz");
-        assert_eq!(w.read(7, 0, 100, &co).unwrap(), b"abc\0\0\0xyz");
-        assert_eq!(w.read(7, 2, 2, &co).unwrap(), b"c\0");
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[NodeId::new(7)]));
+        w.start(NodeId::new(7), co.now(), &co);
+        write(&w, &co, NodeId::new(7), 0, b"abc");
+        write(&w, &co, NodeId::new(7), 6, b"xyz");
         assert_eq!(
-            w.read(7, 50, 10, &co).unwrap(),
+            w.read(NodeId::new(7), 0, 100, &co).unwrap(),
+            b"abc\0\0\0xyz"
+        );
+        assert_eq!(w.read(NodeId::new(7), 2, 2, &co).unwrap(), b"c\0");
+        assert_eq!(
+            w.read(NodeId::new(7), 50, 10, &co).unwrap(),
             b"",
             "past the end: nothing"
         );
-        assert!(w.read(8, 0, 10, &co).is_none(), "no copy of another node");
+        assert!(
+            w.read(NodeId::new(8), 0, 10, &co).is_none(),
+            "no copy of another node"
+        );
     }
 
     #[test]
     fn a_push_for_the_node_after_the_start_ends_the_copy() {
-        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
-        w.start(7, co.now(), &co);
-        write(&w, &co, 7, 0, b"abc");
-        push(&co, 1, &[Invalidation::Inode(7)]);
-        assert!(w.read(7, 0, 10, &co).is_none());
-        write(&w, &co, 7, 3, b"def");
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[NodeId::new(7)]));
+        w.start(NodeId::new(7), co.now(), &co);
+        write(&w, &co, NodeId::new(7), 0, b"abc");
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(7))]);
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
+        write(&w, &co, NodeId::new(7), 3, b"def");
         assert!(
-            w.read(7, 0, 10, &co).is_none(),
+            w.read(NodeId::new(7), 0, 10, &co).is_none(),
             "a later write does not bring it back"
         );
     }
 
     #[test]
     fn a_push_before_the_starting_reply_came_means_no_copy() {
-        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[NodeId::new(7)]));
         let sent = co.now();
-        push(&co, 1, &[Invalidation::Inode(7)]);
-        w.start(7, sent, &co);
-        write(&w, &co, 7, 0, b"abc");
-        assert!(w.read(7, 0, 10, &co).is_none());
+        push(&co, 1, &[Invalidation::Inode(NodeId::new(7))]);
+        w.start(NodeId::new(7), sent, &co);
+        write(&w, &co, NodeId::new(7), 0, b"abc");
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
     }
 
     #[test]
     fn overlapping_failed_and_large_writes_drop_the_copy() {
-        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[7]));
+        let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[NodeId::new(7)]));
         // Two writes on their way at once.
-        w.start(7, co.now(), &co);
-        let a = w.writing(7).expect("a write to a file with a copy");
+        w.start(NodeId::new(7), co.now(), &co);
+        let a = w
+            .writing(NodeId::new(7))
+            .expect("a write to a file with a copy");
         assert!(
-            w.read(7, 0, 10, &co).is_none(),
+            w.read(NodeId::new(7), 0, 10, &co).is_none(),
             "not read while a write is out"
         );
         assert!(
-            w.writing(7).is_none(),
+            w.writing(NodeId::new(7)).is_none(),
             "a second write at once drops the copy"
         );
         a.finished(0, b"aa", true, &co);
-        assert!(w.read(7, 0, 10, &co).is_none());
-        assert!(w.writing(7).is_none(), "no copy, nothing to follow");
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
+        assert!(
+            w.writing(NodeId::new(7)).is_none(),
+            "no copy, nothing to follow"
+        );
         // A failed write.
-        w.start(7, co.now(), &co);
-        w.writing(7).unwrap().finished(0, b"aa", false, &co);
-        assert!(w.read(7, 0, 10, &co).is_none());
+        w.start(NodeId::new(7), co.now(), &co);
+        w.writing(NodeId::new(7))
+            .unwrap()
+            .finished(0, b"aa", false, &co);
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
         // A write that got an error reply (never finished).
-        w.start(7, co.now(), &co);
-        drop(w.writing(7).unwrap());
-        assert!(w.read(7, 0, 10, &co).is_none());
-        w.start(7, co.now(), &co);
-        assert!(w.read(7, 0, 10, &co).is_some(), "nothing left on its way");
+        w.start(NodeId::new(7), co.now(), &co);
+        drop(w.writing(NodeId::new(7)).unwrap());
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
+        w.start(NodeId::new(7), co.now(), &co);
+        assert!(
+            w.read(NodeId::new(7), 0, 10, &co).is_some(),
+            "nothing left on its way"
+        );
         // Past the largest file kept.
-        w.start(7, co.now(), &co);
-        write(&w, &co, 7, MAX_FILE - 1, b"ab");
-        assert!(w.read(7, 0, 10, &co).is_none());
+        w.start(NodeId::new(7), co.now(), &co);
+        write(&w, &co, NodeId::new(7), MAX_FILE - 1, b"ab");
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
         // A write of an old copy does not land in a new one.
-        w.start(7, co.now(), &co);
-        let old = w.writing(7).unwrap();
-        w.start(7, co.now(), &co);
+        w.start(NodeId::new(7), co.now(), &co);
+        let old = w.writing(NodeId::new(7)).unwrap();
+        w.start(NodeId::new(7), co.now(), &co);
         old.finished(0, b"old", true, &co);
-        assert_eq!(w.read(7, 0, 10, &co).unwrap(), b"");
-        w.start(7, co.now(), &co);
-        write(&w, &co, 7, 0, b"new");
-        assert_eq!(w.read(7, 0, 10, &co).unwrap(), b"new");
-        w.drop_copy(7);
-        assert!(w.read(7, 0, 10, &co).is_none());
+        assert_eq!(w.read(NodeId::new(7), 0, 10, &co).unwrap(), b"");
+        w.start(NodeId::new(7), co.now(), &co);
+        write(&w, &co, NodeId::new(7), 0, b"new");
+        assert_eq!(w.read(NodeId::new(7), 0, 10, &co).unwrap(), b"new");
+        w.drop_copy(NodeId::new(7));
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
     }
 
     #[test]
     fn unwatched_nodes_get_no_copy() {
         let (w, co) = (Arc::<WrittenFiles>::default(), watched(&[]));
-        w.start(7, co.now(), &co);
-        write(&w, &co, 7, 0, b"abc");
-        assert!(w.read(7, 0, 10, &co).is_none());
+        w.start(NodeId::new(7), co.now(), &co);
+        write(&w, &co, NodeId::new(7), 0, b"abc");
+        assert!(w.read(NodeId::new(7), 0, 10, &co).is_none());
     }
 }

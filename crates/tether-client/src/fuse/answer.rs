@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fuser::{
-    Errno, FileHandle, FopenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr,
+    Errno, FopenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 use tether_proto::{NodeId, Reply, Request};
 
 use super::fs::{Asked, TetherFs};
 use super::reply::errno;
 use crate::cache::coherence::{Coherence, WATCHED_TTL};
+use crate::kernel_ids::kernel_fh;
 use crate::known::OpenHandle;
 use crate::rpc::ReplyResult;
 
@@ -215,7 +215,7 @@ impl TetherFs {
             Reply::Open { fh, .. } => {
                 let (node, flags, dir) = handle;
                 known.opened(fh, OpenHandle { node, flags, dir });
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+                reply.opened(kernel_fh(Some(fh)), FopenFlags::empty());
                 Ok(())
             }
             _ => Err(reply),

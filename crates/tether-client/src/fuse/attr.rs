@@ -6,11 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{
-    AccessFlags, Errno, FileHandle, INodeNo, ReplyAttr, ReplyData, ReplyEmpty, ReplyStatfs,
-    TimeOrNow,
-};
-use tether_proto::{setattr_valid, NodeId, Reply, Request, SetAttr};
+use fuser::{AccessFlags, Errno, ReplyAttr, ReplyData, ReplyEmpty, ReplyStatfs, TimeOrNow};
+use tether_proto::{setattr_valid, HandleId, NodeId, Reply, Request, SetAttr};
 
 use super::answer::{on_outcome, ttl_for};
 use super::fs::{Asked, TetherFs};
@@ -22,33 +19,32 @@ impl TetherFs {
     pub(super) fn on_getattr(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: Option<FileHandle>,
+        ino: NodeId,
+        fh: Option<HandleId>,
         reply: ReplyAttr,
     ) {
         // Before the check: an invalidation after it shortens the answer's life.
         let now = self.co.now();
-        if let Some(a) = self.known_attrs.get(ino.0, &self.co) {
-            let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino.0, None, now);
+        if let Some(a) = self.known_attrs.get(ino, &self.co) {
+            let ttl = ttl_for(&self.co, self.cache.attr_ttl, ino, None, now);
             reply.attr(&ttl, &file_attr(&a));
             return;
         }
-        let fh = fh.map(|f| f.0).unwrap_or(0);
-        if self.write_behind.writing(ino.0) {
-            return self.getattr_after_writes(req, ino.0, fh, reply);
+        if self.write_behind.writing(ino) {
+            return self.getattr_after_writes(req, ino, fh, reply);
         }
-        self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh }, reply);
+        self.attr_call(req, ino, Request::Getattr { node: ino, fh }, reply);
     }
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_setattr(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         (mode, uid, gid): (Option<u32>, Option<u32>, Option<u32>),
         size: Option<u64>,
         (atime, mtime): (Option<TimeOrNow>, Option<TimeOrNow>),
-        fh: Option<FileHandle>,
+        fh: Option<HandleId>,
         reply: ReplyAttr,
     ) {
         let mut valid = 0;
@@ -73,7 +69,6 @@ impl TetherFs {
             atime: set_time(atime),
             mtime: set_time(mtime),
         };
-        let fh = fh.map(|f| f.0).unwrap_or(0);
         let mut set = set;
         // KILLPRIV_V2: clearing set-user-ID is the server's job, on a truncation by a
         // caller other than root, and when the kernel sends nothing to set: it took out the
@@ -89,20 +84,24 @@ impl TetherFs {
                 reply.error(Errno::EAGAIN);
                 return;
             }
-            return self.attr_call(req, ino.0, Request::Getattr { node: ino.0, fh: 0 }, reply);
+            return self.attr_call(
+                req,
+                ino,
+                Request::Getattr {
+                    node: ino,
+                    fh: None,
+                },
+                reply,
+            );
         };
-        let msg = Request::Setattr {
-            node: ino.0,
-            fh,
-            set,
-        };
+        let msg = Request::Setattr { node: ino, fh, set };
         if size.is_none() {
-            return self.attr_call(req, ino.0, msg, reply);
+            return self.attr_call(req, ino, msg, reply);
         }
         // The data changes: a copy of it goes, and one starts again from a truncation to 0
         // (an O_TRUNC open, in no-open mode).
-        self.written.drop_copy(ino.0);
-        let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, ino.0);
+        self.written.drop_copy(ino);
+        let answer = attr_answer(&self.co, &self.known_attrs, self.cache.attr_ttl, ino);
         let emptied = (size == Some(0) && self.keeps_written())
             .then(|| (self.written.clone(), self.co.clone(), self.co.now()));
         self.call(req, msg, reply, move |reply, r| {
@@ -110,20 +109,20 @@ impl TetherFs {
             if let (true, Some((written, co, sent))) =
                 (matches!(&r, Reply::Attr(a) if a.size == 0), emptied)
             {
-                written.start(ino.0, sent, &co);
+                written.start(ino, sent, &co);
             }
             answer(reply, r)
         });
     }
 
-    pub(super) fn on_readlink(&self, req: Asked<'_>, ino: INodeNo, reply: ReplyData) {
-        self.data_call(req, Request::Readlink { node: ino.0 }, reply);
+    pub(super) fn on_readlink(&self, req: Asked<'_>, ino: NodeId, reply: ReplyData) {
+        self.data_call(req, Request::Readlink { node: ino }, reply);
     }
 
-    pub(super) fn on_statfs(&self, req: Asked<'_>, ino: INodeNo, reply: ReplyStatfs) {
+    pub(super) fn on_statfs(&self, req: Asked<'_>, ino: NodeId, reply: ReplyStatfs) {
         self.call(
             req,
-            Request::Statfs { node: ino.0 },
+            Request::Statfs { node: ino },
             reply,
             |reply, r| match r {
                 Reply::Statfs(s) => {
@@ -140,14 +139,14 @@ impl TetherFs {
     pub(super) fn on_access(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         mask: AccessFlags,
         reply: ReplyEmpty,
     ) {
         self.empty_call(
             req,
             Request::Access {
-                node: ino.0,
+                node: ino,
                 mask: mask.bits() as u32,
             },
             reply,
@@ -164,7 +163,13 @@ impl TetherFs {
     /// The kernel's GETATTR of `node` while writes answered early are on their way: their
     /// replies bring the attributes after them (WRITE_ATTR), so it is answered from those
     /// once they are in, and asked of the server only if they do not tell.
-    fn getattr_after_writes(&self, req: Asked<'_>, node: NodeId, fh: u64, reply: ReplyAttr) {
+    fn getattr_after_writes(
+        &self,
+        req: Asked<'_>,
+        node: NodeId,
+        fh: Option<HandleId>,
+        reply: ReplyAttr,
+    ) {
         let (co, known_attrs) = (self.co.clone(), self.known_attrs.clone());
         let (fallback, conn, caller) = (self.cache.attr_ttl, self.conn.clone(), req.caller());
         let then = Box::new(move || {

@@ -6,11 +6,10 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
 
-use fuser::{
-    FileHandle, Generation, INodeNo, OpenFlags, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyOpen,
-};
-use tether_proto::{fuse_dirent_size, Attr, Entry, Reply, Request};
+use fuser::{Generation, OpenFlags, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyOpen};
+use tether_proto::{fuse_dirent_size, Attr, Entry, HandleId, NodeId, Reply, Request};
+
+use crate::kernel_ids::ino_of;
 
 use super::answer::ttl_for;
 use super::fs::{Asked, TetherFs};
@@ -20,14 +19,14 @@ impl TetherFs {
     pub(super) fn on_opendir(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         flags: OpenFlags,
         reply: ReplyOpen,
     ) {
         self.open_call(
             req,
             Request::Opendir {
-                node: ino.0,
+                node: ino,
                 flags: flags.0 as u32,
             },
             reply,
@@ -37,24 +36,24 @@ impl TetherFs {
     pub(super) fn on_readdir(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        if self.co.listing_surely_ended(ino.0, offset) {
+        if self.co.listing_surely_ended(ino, offset) {
             reply.ok();
             return;
         }
         // fuser does not tell us the kernel's buffer size; a page-sized answer always fits.
         let msg = Request::Readdir {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             size: 4096,
             plus: false,
         };
-        let (co, sent, dir) = (self.co.clone(), self.co.now(), ino.0);
+        let (co, sent, dir) = (self.co.clone(), self.co.now(), ino);
         let names = self.co.names_made();
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir { entries, end } => {
@@ -62,7 +61,7 @@ impl TetherFs {
                 let last = entries.last().map(|e| e.offset);
                 for e in entries {
                     full = reply.add(
-                        INodeNo(e.ino),
+                        ino_of(e.ino),
                         e.offset,
                         kind_of_dtype(e.kind),
                         OsStr::from_bytes(&e.name),
@@ -85,26 +84,25 @@ impl TetherFs {
     pub(super) fn on_readdirplus(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
         // The kernel asks for what follows the last entry before it sees the end.
-        if self.co.listing_surely_ended(ino.0, offset) {
+        if self.co.listing_surely_ended(ino, offset) {
             reply.ok();
             return;
         }
         let msg = Request::Readdir {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             size: self.listing_bytes.load(Ordering::Relaxed),
             plus: true,
         };
         let listing_bytes = self.listing_bytes.clone();
-        let (co, fallback, sent, dir) =
-            (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino.0);
+        let (co, fallback, sent, dir) = (self.co.clone(), self.cache.entry_ttl, self.co.now(), ino);
         let names = self.co.names_made();
         let (conn, known) = (self.conn.clone(), self.known.clone());
         let (known_attrs, since) = (self.known_attrs.clone(), self.known_attrs.looking());
@@ -112,18 +110,18 @@ impl TetherFs {
         self.call(req, msg, reply, move |mut reply, r| match r {
             Reply::Dir { entries, end } => {
                 let last = entries.last().map(|e| e.offset);
-                let mut unused: Vec<(u64, u64)> = Vec::new();
+                let mut unused: Vec<(NodeId, u64)> = Vec::new();
                 let mut full = false;
                 let mut fitted = 0;
                 for e in entries {
                     let entry = e.entry.unwrap_or(Entry {
                         node: e.ino,
+                        generation: 0,
+                        flags: 0,
                         attr: Attr {
-                            ino: e.ino,
                             mode: (e.kind as u32) << 12,
-                            ..Attr::default()
+                            ..Attr::of(e.ino)
                         },
-                        ..Entry::default()
                     });
                     if !full {
                         // Returns whether the kernel got a lookup of the entry.
@@ -134,7 +132,7 @@ impl TetherFs {
                             }
                             let ttl = ttl_for(&co, fallback, entry.node, Some(dir), sent);
                             full = reply.add(
-                                INodeNo(entry.node),
+                                ino_of(entry.node),
                                 e.offset,
                                 OsStr::from_bytes(&e.name),
                                 &ttl,
@@ -188,34 +186,29 @@ impl TetherFs {
     pub(super) fn on_releasedir(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         reply: ReplyEmpty,
     ) {
-        self.known.released(fh.0);
-        self.empty_call(
-            req,
-            Request::Releasedir {
-                node: ino.0,
-                fh: fh.0,
-            },
-            reply,
-        );
+        if let Some(fh) = fh {
+            self.known.released(fh);
+        }
+        self.empty_call(req, Request::Releasedir { node: ino, fh }, reply);
     }
 
     pub(super) fn on_fsyncdir(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         self.empty_call(
             req,
             Request::Fsyncdir {
-                node: ino.0,
-                fh: fh.0,
+                node: ino,
+                fh,
                 datasync,
             },
             reply,

@@ -11,43 +11,43 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fuser::{
-    Errno, FileHandle, FopenFlags, Generation, INodeNo, RenameFlags, ReplyCreate, ReplyEmpty,
-    ReplyEntry,
+    Errno, FileAttr, FopenFlags, Generation, RenameFlags, ReplyCreate, ReplyEmpty, ReplyEntry,
 };
-use tether_proto::{Attr, Caller, Entry, NodeId, Reply, Request, Timespec, WireErrno};
+use tether_proto::{Attr, Caller, Entry, NodeId, Reply, Request, Timespec, WireErrno, ROOT_NODE};
 
 use super::answer::{name, ttl_for};
 use super::fs::{Asked, TetherFs};
 use super::reply::{errno, file_attr};
 use crate::cache::coherence::{Coherence, WATCHED_TTL};
 use crate::invalidate::host_events::{ReplayLookup, Replayer, GHOST_BASE};
+use crate::kernel_ids::{kernel_fh, NEGATIVE_INO};
 use crate::known::{Binding, OpenHandle};
 use crate::rpc::{Connection, ReplyResult};
 use crate::write::behind;
 use crate::write::spares::{self, PoolKey, Spares};
 
 impl TetherFs {
-    pub(super) fn on_lookup(&self, req: Asked<'_>, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+    pub(super) fn on_lookup(&self, req: Asked<'_>, parent: NodeId, n: &OsStr, reply: ReplyEntry) {
         if req.origin.replay().is_none() {
-            if self.co.surely_absent(parent.0, n.as_bytes()) {
+            if self.co.surely_absent(parent, n.as_bytes()) {
                 give_missing(reply); // as the server's ENOENT would be
                 return;
             }
-            self.prefetch.missed(parent.0);
+            self.prefetch.missed(parent);
         }
         self.entry_call(
             req,
-            parent.0,
+            parent,
             Request::Lookup {
-                parent: parent.0,
+                parent,
                 name: name(n),
             },
             reply,
         );
     }
 
-    pub(super) fn on_forget(&self, req: Asked<'_>, ino: INodeNo, nlookup: u64) {
-        if ino.0 >= GHOST_BASE {
+    pub(super) fn on_forget(&self, req: Asked<'_>, ino: NodeId, nlookup: u64) {
+        if ino >= GHOST_BASE {
             return; // never known to the server
         }
         // Sent before the count drops: a reconnect's restore then either counts these
@@ -55,18 +55,18 @@ impl TetherFs {
         self.conn.send_oneway(
             req.caller(),
             &Request::Forget {
-                nodes: vec![(ino.0, nlookup)],
+                nodes: vec![(ino, nlookup)],
             },
         );
-        self.known.forgotten(ino.0, nlookup, |parent| {
-            self.co.forget(ino.0);
-            self.prefetch.forgotten(ino.0, parent);
-            self.pages.forget(ino.0);
-            self.known_attrs.forget(ino.0);
-            self.written.drop_copy(ino.0);
+        self.known.forgotten(ino, nlookup, |parent| {
+            self.co.forget(ino);
+            self.prefetch.forgotten(ino, parent);
+            self.pages.forget(ino);
+            self.known_attrs.forget(ino);
+            self.written.drop_copy(ino);
             // Only now: the server drops a node's locks when the kernel holds no lookup.
             if let Some(l) = &self.locks {
-                l.forgotten(ino.0);
+                l.forgotten(ino);
             }
         });
     }
@@ -74,27 +74,23 @@ impl TetherFs {
     pub(super) fn on_create(
         &self,
         req: Asked<'_>,
-        (parent, n): (INodeNo, &OsStr),
+        (parent, n): (NodeId, &OsStr),
         (mode, umask): (u32, u32),
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let Err(reply) = self.create_behind(req, parent.0, n, mode, umask, flags, reply) else {
+        let Err(reply) = self.create_behind(req, parent, n, mode, umask, flags, reply) else {
             return;
         };
         let msg = Request::Create {
-            parent: parent.0,
+            parent,
             name: name(n),
             mode,
             umask,
             flags: flags as u32,
         };
-        let (co, fallback, sent, dir) = (
-            self.co.clone(),
-            self.cache.entry_ttl,
-            self.co.now(),
-            parent.0,
-        );
+        let (co, fallback, sent, dir) =
+            (self.co.clone(), self.cache.entry_ttl, self.co.now(), parent);
         let (conn, who, known) = (self.conn.clone(), req.caller(), self.known.clone());
         let created = name(n);
         let (known_attrs, touch) = (self.known_attrs.clone(), self.known_attrs.asking(dir));
@@ -128,21 +124,21 @@ impl TetherFs {
                 // CREATE (not when it was created over a cached negative entry, as git's lock
                 // files are), so a handle given to it could stay open on the server for good:
                 // release it now and let the kernel do I/O on the new file by node.
-                let kernel_fh = if co.enabled() {
+                let kernel_handle = if co.enabled() {
                     // None to release when the server opened none (CREATE_NO_HANDLE).
-                    if fh != 0 {
+                    if fh.is_some() {
                         let release = Request::Release {
                             node: entry.node,
                             fh,
                         };
                         conn.defer(who, release, Some(Box::new(|_| {})));
                     }
-                    0
-                } else {
+                    None
+                } else if let Some(handle) = fh {
                     // Opened again without creating or truncating after a reconnect.
                     let flags = flags as u32 & !(libc::O_CREAT | libc::O_EXCL) as u32;
                     known.opened(
-                        fh,
+                        handle,
                         OpenHandle {
                             node: entry.node,
                             flags,
@@ -150,12 +146,14 @@ impl TetherFs {
                         },
                     );
                     fh
+                } else {
+                    None
                 };
                 reply.created(
                     &ttl,
                     &file_attr(&entry.attr),
                     Generation(co.generation(entry.node, entry.generation)),
-                    FileHandle(kernel_fh),
+                    kernel_fh(kernel_handle),
                     keep,
                 );
                 Ok(())
@@ -167,33 +165,33 @@ impl TetherFs {
     pub(super) fn on_mknod(
         &self,
         req: Asked<'_>,
-        (parent, n): (INodeNo, &OsStr),
+        (parent, n): (NodeId, &OsStr),
         (mode, umask): (u32, u32),
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let msg = Request::Mknod {
-            parent: parent.0,
+            parent,
             name: name(n),
             mode,
             rdev: rdev as u64,
             umask,
         };
-        self.entry_call(req, parent.0, msg, reply);
+        self.entry_call(req, parent, msg, reply);
     }
 
     pub(super) fn on_mkdir(
         &self,
         req: Asked<'_>,
-        (parent, n): (INodeNo, &OsStr),
+        (parent, n): (NodeId, &OsStr),
         (mode, umask): (u32, u32),
         reply: ReplyEntry,
     ) {
         self.entry_call(
             req,
-            parent.0,
+            parent,
             Request::Mkdir {
-                parent: parent.0,
+                parent,
                 name: name(n),
                 mode,
                 umask,
@@ -202,22 +200,22 @@ impl TetherFs {
         );
     }
 
-    pub(super) fn on_unlink(&self, req: Asked<'_>, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    pub(super) fn on_unlink(&self, req: Asked<'_>, parent: NodeId, n: &OsStr, reply: ReplyEmpty) {
         self.name_call(
             req,
             Request::Unlink {
-                parent: parent.0,
+                parent,
                 name: name(n),
             },
             reply,
         );
     }
 
-    pub(super) fn on_rmdir(&self, req: Asked<'_>, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    pub(super) fn on_rmdir(&self, req: Asked<'_>, parent: NodeId, n: &OsStr, reply: ReplyEmpty) {
         self.name_call(
             req,
             Request::Rmdir {
-                parent: parent.0,
+                parent,
                 name: name(n),
             },
             reply,
@@ -227,32 +225,32 @@ impl TetherFs {
     pub(super) fn on_symlink(
         &self,
         req: Asked<'_>,
-        parent: INodeNo,
+        parent: NodeId,
         link: &OsStr,
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
         let msg = Request::Symlink {
-            parent: parent.0,
+            parent,
             name: name(link),
             target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
         };
-        self.entry_call(req, parent.0, msg, reply);
+        self.entry_call(req, parent, msg, reply);
     }
 
     pub(super) fn on_rename(
         &self,
         req: Asked<'_>,
-        (parent, n): (INodeNo, &OsStr),
-        (new_parent, new_name): (INodeNo, &OsStr),
+        (parent, n): (NodeId, &OsStr),
+        (new_parent, new_name): (NodeId, &OsStr),
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
         let (from, to) = (name(n), name(new_name));
         let msg = Request::Rename {
-            parent: parent.0,
+            parent,
             name: from.clone(),
-            new_parent: new_parent.0,
+            new_parent,
             new_name: to.clone(),
             flags: flags.bits(),
         };
@@ -266,13 +264,13 @@ impl TetherFs {
         let co = self.co.clone();
         self.call(req, msg, reply, move |reply, r| match r {
             Reply::Empty => {
-                known.renamed(parent.0, &from, new_parent.0, &to, exchange);
+                known.renamed(parent, &from, new_parent, &to, exchange);
                 if !exchange && !whiteout {
-                    co.name_removed(parent.0, &from);
+                    co.name_removed(parent, &from);
                 }
-                co.name_made(new_parent.0, &to);
+                co.name_made(new_parent, &to);
                 if exchange {
-                    co.name_made(parent.0, &from);
+                    co.name_made(parent, &from);
                 }
                 reply.ok();
                 Ok(())
@@ -284,17 +282,17 @@ impl TetherFs {
     pub(super) fn on_link(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        new_parent: INodeNo,
+        ino: NodeId,
+        new_parent: NodeId,
         new_name: &OsStr,
         reply: ReplyEntry,
     ) {
         let msg = Request::Link {
-            node: ino.0,
-            new_parent: new_parent.0,
+            node: ino,
+            new_parent,
             new_name: name(new_name),
         };
-        self.entry_call(req, new_parent.0, msg, reply);
+        self.entry_call(req, new_parent, msg, reply);
     }
 
     /// For lookup, mknod, mkdir, symlink, link: an entry in `parent`.
@@ -403,7 +401,7 @@ impl TetherFs {
     }
 
     /// What the host has now under `name` in `dir`, for the replaying thread only (TTL 0),
-    /// if it is `node`: anything else, or nothing, or an unknown node (0: the name was gone
+    /// if it is `node`: anything else, or nothing, or an unknown node (the name was gone
     /// already when the server read the event), is answered with a ghost of `file_type`,
     /// so that a replay never gives the name another file, not even for the moment of the
     /// replay.
@@ -412,7 +410,7 @@ impl TetherFs {
         req: Asked<'_>,
         r: &Arc<Replayer>,
         (dir, name): (NodeId, Bytes),
-        (node, file_type): (NodeId, u32),
+        (node, file_type): (Option<NodeId>, u32),
         reply: ReplyEntry,
     ) {
         let (co, r, known, conn) = (
@@ -421,9 +419,9 @@ impl TetherFs {
             self.known.clone(),
             self.conn.clone(),
         );
-        if node == 0 {
+        let Some(node) = node else {
             return replay_ghost(&r, file_type, reply);
-        }
+        };
         let who = req.caller();
         let msg = Request::Lookup {
             parent: dir,
@@ -616,7 +614,7 @@ impl TetherFs {
                 &ttl,
                 &file_attr(&entry.attr),
                 Generation(entry.generation),
-                FileHandle(0),
+                kernel_fh(None),
                 FopenFlags::FOPEN_KEEP_CACHE,
             )
         };
@@ -644,10 +642,14 @@ fn give_entry(
     reply.entry_with_ttls(&ttl, &ttl, &file_attr(&e.attr), generation);
 }
 
-/// Tells the kernel the name does not exist, cached until revoked (node id 0), as for a
+/// Tells the kernel the name does not exist, cached until revoked (inode number 0), as for a
 /// watched directory's ENOENT.
 fn give_missing(reply: ReplyEntry) {
-    let attr = file_attr(&Attr::default());
+    // The rest of the attributes is all 0, and ignored.
+    let attr = FileAttr {
+        ino: NEGATIVE_INO,
+        ..file_attr(&Attr::of(ROOT_NODE))
+    };
     reply.entry_with_ttls(&WATCHED_TTL, &WATCHED_TTL, &attr, Generation(0));
 }
 

@@ -2,7 +2,8 @@
 //! from the RPC reader thread when the server answers. No handler blocks on the network.
 //!
 //! Kernel node ids are the server's node ids (the host inode numbers), so st_ino in the
-//! guest matches the host.
+//! guest matches the host; `impl Filesystem` turns the kernel's numbers into node and handle
+//! ids (kernel_ids.rs) before any handler sees them.
 //!
 //! This file holds the file system's state ([`TetherFs`]) and the door every kernel request
 //! comes in by: `impl Filesystem`, which tells who caused the request (`Origin`, once, in
@@ -22,6 +23,8 @@ use fuser::{
     Request as FuseRequest, TimeOrNow, WriteFlags,
 };
 use tether_proto::Caller;
+
+use crate::kernel_ids::{handle_of, node_of};
 
 use crate::cache::coherence::Coherence;
 use crate::cache::known_attrs::KnownAttrs;
@@ -277,11 +280,11 @@ impl Filesystem for TetherFs {
     // Names (fuse/entry.rs).
 
     fn lookup(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        self.on_lookup(self.asked(req), parent, n, reply)
+        self.on_lookup(self.asked(req), node_of(parent), n, reply)
     }
 
     fn forget(&self, req: &FuseRequest, ino: INodeNo, nlookup: u64) {
-        self.on_forget(self.asked(req), ino, nlookup)
+        self.on_forget(self.asked(req), node_of(ino), nlookup)
     }
 
     fn mknod(
@@ -294,7 +297,13 @@ impl Filesystem for TetherFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.on_mknod(self.asked(req), (parent, n), (mode, umask), rdev, reply)
+        self.on_mknod(
+            self.asked(req),
+            (node_of(parent), n),
+            (mode, umask),
+            rdev,
+            reply,
+        )
     }
 
     fn mkdir(
@@ -306,15 +315,15 @@ impl Filesystem for TetherFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.on_mkdir(self.asked(req), (parent, n), (mode, umask), reply)
+        self.on_mkdir(self.asked(req), (node_of(parent), n), (mode, umask), reply)
     }
 
     fn unlink(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.on_unlink(self.asked(req), parent, n, reply)
+        self.on_unlink(self.asked(req), node_of(parent), n, reply)
     }
 
     fn rmdir(&self, req: &FuseRequest, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.on_rmdir(self.asked(req), parent, n, reply)
+        self.on_rmdir(self.asked(req), node_of(parent), n, reply)
     }
 
     fn symlink(
@@ -325,7 +334,7 @@ impl Filesystem for TetherFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        self.on_symlink(self.asked(req), parent, link, target, reply)
+        self.on_symlink(self.asked(req), node_of(parent), link, target, reply)
     }
 
     fn rename(
@@ -340,8 +349,8 @@ impl Filesystem for TetherFs {
     ) {
         self.on_rename(
             self.asked(req),
-            (parent, n),
-            (new_parent, new_name),
+            (node_of(parent), n),
+            (node_of(new_parent), new_name),
             flags,
             reply,
         )
@@ -355,7 +364,13 @@ impl Filesystem for TetherFs {
         new_name: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.on_link(self.asked(req), ino, new_parent, new_name, reply)
+        self.on_link(
+            self.asked(req),
+            node_of(ino),
+            node_of(new_parent),
+            new_name,
+            reply,
+        )
     }
 
     fn create(
@@ -368,13 +383,19 @@ impl Filesystem for TetherFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.on_create(self.asked(req), (parent, n), (mode, umask), flags, reply)
+        self.on_create(
+            self.asked(req),
+            (node_of(parent), n),
+            (mode, umask),
+            flags,
+            reply,
+        )
     }
 
     // Attributes (fuse/attr.rs).
 
     fn getattr(&self, req: &FuseRequest, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.on_getattr(self.asked(req), ino, fh, reply)
+        self.on_getattr(self.asked(req), node_of(ino), fh.and_then(handle_of), reply)
     }
 
     fn setattr(
@@ -396,25 +417,26 @@ impl Filesystem for TetherFs {
         reply: ReplyAttr,
     ) {
         let (owner, times) = ((mode, uid, gid), (atime, mtime));
-        self.on_setattr(self.asked(req), ino, owner, size, times, fh, reply)
+        let fh = fh.and_then(handle_of);
+        self.on_setattr(self.asked(req), node_of(ino), owner, size, times, fh, reply)
     }
 
     fn access(&self, req: &FuseRequest, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.on_access(self.asked(req), ino, mask, reply)
+        self.on_access(self.asked(req), node_of(ino), mask, reply)
     }
 
     fn statfs(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyStatfs) {
-        self.on_statfs(self.asked(req), ino, reply)
+        self.on_statfs(self.asked(req), node_of(ino), reply)
     }
 
     fn readlink(&self, req: &FuseRequest, ino: INodeNo, reply: ReplyData) {
-        self.on_readlink(self.asked(req), ino, reply)
+        self.on_readlink(self.asked(req), node_of(ino), reply)
     }
 
     // File contents (fuse/io.rs).
 
     fn open(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.on_open(self.asked(req), ino, flags, reply)
+        self.on_open(self.asked(req), node_of(ino), flags, reply)
     }
 
     fn read(
@@ -428,7 +450,14 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.on_read(self.asked(req), ino, fh, offset, size, reply)
+        self.on_read(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            offset,
+            size,
+            reply,
+        )
     }
 
     fn write(
@@ -443,7 +472,15 @@ impl Filesystem for TetherFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.on_write(self.asked(req), ino, fh, offset, data, flags, reply)
+        self.on_write(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            offset,
+            data,
+            flags,
+            reply,
+        )
     }
 
     fn flush(
@@ -467,7 +504,7 @@ impl Filesystem for TetherFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.on_release(self.asked(req), ino, fh, reply)
+        self.on_release(self.asked(req), node_of(ino), handle_of(fh), reply)
     }
 
     fn fsync(
@@ -478,7 +515,13 @@ impl Filesystem for TetherFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.on_fsync(self.asked(req), ino, fh, datasync, reply)
+        self.on_fsync(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            datasync,
+            reply,
+        )
     }
 
     fn fallocate(
@@ -491,7 +534,14 @@ impl Filesystem for TetherFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.on_fallocate(self.asked(req), ino, fh, (offset, length), mode, reply)
+        self.on_fallocate(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            (offset, length),
+            mode,
+            reply,
+        )
     }
 
     fn lseek(
@@ -503,7 +553,14 @@ impl Filesystem for TetherFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.on_lseek(self.asked(req), ino, fh, offset, whence, reply)
+        self.on_lseek(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            offset,
+            whence,
+            reply,
+        )
     }
 
     fn copy_file_range(
@@ -519,7 +576,8 @@ impl Filesystem for TetherFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let (from, to) = ((ino_in, fh_in, offset_in), (ino_out, fh_out, offset_out));
+        let from = (node_of(ino_in), handle_of(fh_in), offset_in);
+        let to = (node_of(ino_out), handle_of(fh_out), offset_out);
         self.on_copy_file_range(self.asked(req), from, to, len, flags, reply)
     }
 
@@ -540,7 +598,7 @@ impl Filesystem for TetherFs {
     // Directories (fuse/dir.rs).
 
     fn opendir(&self, req: &FuseRequest, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.on_opendir(self.asked(req), ino, flags, reply)
+        self.on_opendir(self.asked(req), node_of(ino), flags, reply)
     }
 
     fn readdir(
@@ -551,7 +609,7 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
-        self.on_readdir(self.asked(req), ino, fh, offset, reply)
+        self.on_readdir(self.asked(req), node_of(ino), handle_of(fh), offset, reply)
     }
 
     fn readdirplus(
@@ -562,7 +620,7 @@ impl Filesystem for TetherFs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
-        self.on_readdirplus(self.asked(req), ino, fh, offset, reply)
+        self.on_readdirplus(self.asked(req), node_of(ino), handle_of(fh), offset, reply)
     }
 
     fn releasedir(
@@ -573,7 +631,7 @@ impl Filesystem for TetherFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.on_releasedir(self.asked(req), ino, fh, reply)
+        self.on_releasedir(self.asked(req), node_of(ino), handle_of(fh), reply)
     }
 
     fn fsyncdir(
@@ -584,7 +642,13 @@ impl Filesystem for TetherFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.on_fsyncdir(self.asked(req), ino, fh, datasync, reply)
+        self.on_fsyncdir(
+            self.asked(req),
+            node_of(ino),
+            handle_of(fh),
+            datasync,
+            reply,
+        )
     }
 
     // Extended attributes (fuse/xattr.rs).
@@ -599,19 +663,19 @@ impl Filesystem for TetherFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.on_setxattr(self.asked(req), ino, n, value, flags, reply)
+        self.on_setxattr(self.asked(req), node_of(ino), n, value, flags, reply)
     }
 
     fn getxattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        self.on_getxattr(self.asked(req), ino, n, size, reply)
+        self.on_getxattr(self.asked(req), node_of(ino), n, size, reply)
     }
 
     fn listxattr(&self, req: &FuseRequest, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.on_listxattr(self.asked(req), ino, size, reply)
+        self.on_listxattr(self.asked(req), node_of(ino), size, reply)
     }
 
     fn removexattr(&self, req: &FuseRequest, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        self.on_removexattr(self.asked(req), ino, n, reply)
+        self.on_removexattr(self.asked(req), node_of(ino), n, reply)
     }
 
     // Locks (fuse/lock.rs; the waiting is fuse/locks.rs's).
@@ -628,7 +692,12 @@ impl Filesystem for TetherFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
-        self.on_getlk(self.asked(req), ino, (lock_owner, start, end, typ), reply)
+        self.on_getlk(
+            self.asked(req),
+            node_of(ino),
+            (lock_owner, start, end, typ),
+            reply,
+        )
     }
 
     fn setlk(
@@ -647,7 +716,7 @@ impl Filesystem for TetherFs {
     ) {
         self.on_setlk(
             self.asked(req),
-            ino,
+            node_of(ino),
             (lock_owner, start, end, typ),
             (pid, sleep, flock),
             reply,

@@ -55,7 +55,7 @@ impl TetherFs {
             tracing::error!("{left} write(s) answered early never reached the server");
         }
         for (node, e) in self.write_behind.unreported() {
-            tracing::error!(node, "a write answered early failed ({e:?}) and no later write or fsync of the file was there to report it");
+            tracing::error!(%node, "a write answered early failed ({e:?}) and no later write or fsync of the file was there to report it");
         }
         self.conn.shut_down();
     }

@@ -5,10 +5,9 @@
 
 use bytes::Bytes;
 use fuser::{
-    CopyFileRangeFlags, Errno, FileHandle, INodeNo, OpenFlags, ReplyData, ReplyEmpty, ReplyLseek,
-    ReplyOpen, ReplyWrite,
+    CopyFileRangeFlags, Errno, OpenFlags, ReplyData, ReplyEmpty, ReplyLseek, ReplyOpen, ReplyWrite,
 };
-use tether_proto::{NodeId, Reply, Request, WireErrno};
+use tether_proto::{HandleId, NodeId, Reply, Request, WireErrno};
 
 use super::fs::{Asked, Origin, TetherFs};
 use super::reply::errno;
@@ -16,11 +15,11 @@ use crate::rpc::ReplyResult;
 use crate::write::behind;
 
 impl TetherFs {
-    pub(super) fn on_open(&self, req: Asked<'_>, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    pub(super) fn on_open(&self, req: Asked<'_>, ino: NodeId, flags: OpenFlags, reply: ReplyOpen) {
         self.open_call(
             req,
             Request::Open {
-                node: ino.0,
+                node: ino,
                 flags: flags.0 as u32,
             },
             reply,
@@ -30,22 +29,22 @@ impl TetherFs {
     pub(super) fn on_read(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         offset: u64,
         size: u32,
         reply: ReplyData,
     ) {
         if self.keeps_written() {
-            if let Some(data) = self.written.read(ino.0, offset, size, &self.co) {
+            if let Some(data) = self.written.read(ino, offset, size, &self.co) {
                 reply.data(&data);
                 return;
             }
         }
-        self.pages.reading(ino.0, offset, size.into());
+        self.pages.reading(ino, offset, size.into());
         let msg = Request::Read {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             size,
         };
@@ -56,25 +55,25 @@ impl TetherFs {
     pub(super) fn on_write(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         offset: u64,
         data: &[u8],
         flags: OpenFlags,
         reply: ReplyWrite,
     ) {
-        if let Some(e) = self.write_behind.take_error(ino.0) {
+        if let Some(e) = self.write_behind.take_error(ino) {
             reply.error(errno(e));
             return;
         }
         // The kernel keeps the pages of pushed-invalidation mounts across opens; with the
         // writeback cache it reads a page before writing part of it.
         if self.co.enabled() && self.co.fixer().is_none() {
-            self.pages.written(ino.0, offset, data.len() as u64);
+            self.pages.written(ino, offset, data.len() as u64);
         }
         let msg = Request::Write {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             data: Bytes::copy_from_slice(data),
         };
@@ -88,15 +87,15 @@ impl TetherFs {
         // reach a server that does not).
         let early = self.write_behind.on()
             && self.co.fixer().is_none()
-            && fh.0 == 0
+            && fh.is_none()
             && self
                 .conn
                 .grants(tether_proto::handshake::features::ORDERED_WRITES)
             && req.origin.replay().is_none()
             && behind::may_answer_early(data.len(), flags.0)
-            && self.write_behind.begin(ino.0, data.len());
+            && self.write_behind.begin(ino, data.len());
         if early {
-            self.write_behind(req, ino.0, msg, data.len(), reply);
+            self.write_behind(req, ino, msg, data.len(), reply);
         } else {
             self.written_call(req, msg, reply);
         }
@@ -105,32 +104,25 @@ impl TetherFs {
     pub(super) fn on_release(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         reply: ReplyEmpty,
     ) {
-        if fh.0 == 0 {
+        let Some(handle) = fh else {
             // No server handle (files the kernel does I/O on by node, see `create`): the
             // server has nothing to release.
             reply.ok();
             return;
-        }
-        self.known.released(fh.0);
-        self.empty_call(
-            req,
-            Request::Release {
-                node: ino.0,
-                fh: fh.0,
-            },
-            reply,
-        );
+        };
+        self.known.released(handle);
+        self.empty_call(req, Request::Release { node: ino, fh }, reply);
     }
 
     pub(super) fn on_fsync(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
@@ -141,8 +133,8 @@ impl TetherFs {
             return;
         }
         let msg = Request::Fsync {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             datasync,
         };
         // The replies to earlier writes come first on the stream: an error of one answered
@@ -150,7 +142,7 @@ impl TetherFs {
         // (a file whose creation failed then fails the fsync itself, with ESTALE).
         let wb = self.write_behind.clone();
         self.send(req, &msg, move |res: ReplyResult| {
-            match (wb.take_error(ino.0), res) {
+            match (wb.take_error(ino), res) {
                 (Some(e), _) | (None, Err(e)) => reply.error(errno(e)),
                 (None, Ok(Reply::Empty)) => reply.ok(),
                 (None, Ok(_)) => reply.error(Errno::EIO),
@@ -161,16 +153,16 @@ impl TetherFs {
     pub(super) fn on_fallocate(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         (offset, length): (u64, u64),
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.written.drop_copy(ino.0);
+        self.written.drop_copy(ino);
         let msg = Request::Fallocate {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             length,
             mode: mode as u32,
@@ -181,15 +173,15 @@ impl TetherFs {
     pub(super) fn on_lseek(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: NodeId,
+        fh: Option<HandleId>,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
         let msg = Request::Lseek {
-            node: ino.0,
-            fh: fh.0,
+            node: ino,
+            fh,
             offset,
             whence: whence as u32,
         };
@@ -208,7 +200,7 @@ impl TetherFs {
                 let spawned = std::thread::Builder::new()
                     .name("tether-seek".into())
                     .spawn(move || {
-                        fixer.write_back(ino.0);
+                        fixer.write_back(ino);
                         conn.call(who, &msg, move |r| answer(reply, r));
                     });
                 if let Err(e) = spawned {
@@ -222,18 +214,18 @@ impl TetherFs {
     pub(super) fn on_copy_file_range(
         &self,
         req: Asked<'_>,
-        (ino_in, fh_in, offset_in): (INodeNo, FileHandle, u64),
-        (ino_out, fh_out, offset_out): (INodeNo, FileHandle, u64),
+        (ino_in, fh_in, offset_in): (NodeId, Option<HandleId>, u64),
+        (ino_out, fh_out, offset_out): (NodeId, Option<HandleId>, u64),
         len: u64,
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
         let msg = Request::CopyFileRange {
-            node_in: ino_in.0,
-            fh_in: fh_in.0,
+            node_in: ino_in,
+            fh_in,
             offset_in,
-            node_out: ino_out.0,
-            fh_out: fh_out.0,
+            node_out: ino_out,
+            fh_out,
             offset_out,
             len,
             flags: flags.bits() as u32,

@@ -1,8 +1,8 @@
 //! Locks, the kernel's side: GETLK asked of the server, SETLK handed to the lock thread, which
 //! waits for blocked locks (fuse/locks.rs), and INTERRUPT of a waiting SETLK.
 
-use fuser::{Errno, INodeNo, LockOwner, ReplyEmpty, ReplyLock};
-use tether_proto::{lock_type, LockSpec, Reply, Request};
+use fuser::{Errno, LockOwner, ReplyEmpty, ReplyLock};
+use tether_proto::{lock_type, LockSpec, NodeId, Reply, Request};
 
 use super::fs::{Asked, TetherFs};
 use crate::fuse::locks::LockRequest;
@@ -11,12 +11,12 @@ impl TetherFs {
     pub(super) fn on_getlk(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         (lock_owner, start, end, typ): (LockOwner, u64, u64, i32),
         reply: ReplyLock,
     ) {
         let msg = Request::Getlk {
-            node: ino.0,
+            node: ino,
             lock: lock_spec(lock_owner, false, typ, start, end),
         };
         self.call(req, msg, reply, |reply, r| match r {
@@ -36,7 +36,7 @@ impl TetherFs {
     pub(super) fn on_setlk(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         (lock_owner, start, end, typ): (LockOwner, u64, u64, i32),
         (pid, sleep, flock): (u32, bool, bool),
         reply: ReplyEmpty,
@@ -48,7 +48,7 @@ impl TetherFs {
         let r = LockRequest {
             unique: req.unique().0,
             who: req.caller(),
-            node: ino.0,
+            node: ino,
             lock: lock_spec(lock_owner, flock, typ, start, end),
             tgid: pid,
             wait: sleep,

@@ -35,11 +35,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dashmap::DashSet;
-use fuser::{Errno, INodeNo, Notifier, ReplyEmpty};
+use fuser::{Errno, Notifier, ReplyEmpty};
 use tether_proto::{lock_type, Caller, LockSpec, NodeId, Reply, Request, WireErrno};
 
 use crate::cache::coherence::Coherence;
 use crate::fuse::reply::errno;
+use crate::kernel_ids::{ino_of, node_of_st_ino};
 use crate::known::Known;
 use crate::rpc::{Connection, ReplyResult};
 use crate::sys::mount_dir::MountDir;
@@ -565,7 +566,7 @@ impl LockThread {
         if let Some((parent, name)) = s.known.place_of(node) {
             for suffix in COMPANION_SUFFIXES {
                 let companion = [&name[..], suffix.as_bytes()].concat();
-                let _ = (s.notifier).inval_entry(INodeNo(parent), OsStr::from_bytes(&companion));
+                let _ = (s.notifier).inval_entry(ino_of(parent), OsStr::from_bytes(&companion));
             }
         }
     }
@@ -595,7 +596,7 @@ impl LockThread {
             })
         });
         if kept == Some(false) {
-            tracing::debug!(node, "the kernel did not keep a locked file's size");
+            tracing::debug!(%node, "the kernel did not keep a locked file's size");
         }
     }
 
@@ -959,7 +960,7 @@ fn mark_filesystem(group: i32, root: BorrowedFd<'_>) -> io::Result<()> {
 
 /// The inode number (= node id) of an open file, from /proc (fstat could ask the server).
 fn inode_number(file: &OwnedFd) -> Option<NodeId> {
-    fdinfo_field(std::process::id(), file.as_raw_fd(), "ino:")
+    fdinfo_field(std::process::id(), file.as_raw_fd(), "ino:").map(node_of_st_ino)
 }
 
 /// A number from /proc/PID/fdinfo/FD (`ino:`, `mnt_id:`): no request to any file system.
@@ -979,7 +980,7 @@ fn has_open(pid: u32, mount_id: u64, node: NodeId) -> bool {
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .any(|fd| {
             fdinfo_field(pid, fd, "mnt_id:") == Some(mount_id)
-                && fdinfo_field(pid, fd, "ino:") == Some(node)
+                && fdinfo_field(pid, fd, "ino:").map(node_of_st_ino) == Some(node)
         })
 }
 
@@ -1006,7 +1007,7 @@ fn file_size(root: BorrowedFd<'_>, path: &CStr, node: NodeId, sync: bool) -> io:
         mask,
     )?;
     let regular = u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFREG;
-    if stx.stx_ino != node || !regular {
+    if node_of_st_ino(stx.stx_ino) != node || !regular {
         return Err(io::Error::from_raw_os_error(libc::ESTALE));
     }
     Ok(stx.stx_size)
@@ -1038,9 +1039,9 @@ mod tests {
     fn a_new_range_replaces_the_owners_overlapping_ranges() {
         use lock_type::{READ, UNLOCK, WRITE};
         let h = HeldLocks::default();
-        h.granted(1, &lock(7, WRITE, 0, 99), 0);
-        h.granted(1, &lock(7, READ, 10, 19), 0);
-        h.granted(1, &lock(8, READ, 50, u64::MAX), 0);
+        h.granted(NodeId::new(1), &lock(7, WRITE, 0, 99), 0);
+        h.granted(NodeId::new(1), &lock(7, READ, 10, 19), 0);
+        h.granted(NodeId::new(1), &lock(8, READ, 50, u64::MAX), 0);
         assert_eq!(
             ranges(&h),
             [
@@ -1050,7 +1051,7 @@ mod tests {
                 (8, READ, 50, u64::MAX)
             ]
         );
-        h.granted(1, &lock(7, UNLOCK, 5, 24), 0);
+        h.granted(NodeId::new(1), &lock(7, UNLOCK, 5, 24), 0);
         assert_eq!(
             ranges(&h),
             [
@@ -1060,9 +1061,9 @@ mod tests {
             ]
         );
         // Unlocking the whole file forgets the owner; flock is kept apart from ranges.
-        h.granted(1, &lock(7, UNLOCK, 0, u64::MAX), 0);
+        h.granted(NodeId::new(1), &lock(7, UNLOCK, 0, u64::MAX), 0);
         h.granted(
-            1,
+            NodeId::new(1),
             &LockSpec {
                 flock: true,
                 ..lock(8, WRITE, 0, 0)
@@ -1073,7 +1074,7 @@ mod tests {
             ranges(&h),
             [(8, READ, 50, u64::MAX), (8, WRITE, 0, u64::MAX)]
         );
-        h.released(1, 8, 0);
+        h.released(NodeId::new(1), 8, 0);
         assert!(h.all().is_empty());
         assert!(h.owners.lock().unwrap().is_empty());
     }
@@ -1082,16 +1083,16 @@ mod tests {
     fn a_release_drops_its_generation_and_never_a_later_one() {
         use lock_type::WRITE;
         let h = HeldLocks::default();
-        h.granted(1, &lock(7, WRITE, 0, 9), 0);
+        h.granted(NodeId::new(1), &lock(7, WRITE, 0, 9), 0);
         // The owner closed the file (release of generation 0 on its way) and locked again.
-        h.granted(1, &lock(7, WRITE, 20, 29), 1);
+        h.granted(NodeId::new(1), &lock(7, WRITE, 20, 29), 1);
         assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
-        h.released(1, 7, 0);
+        h.released(NodeId::new(1), 7, 0);
         assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
         // A grant of the old generation answered late changes nothing.
-        h.granted(1, &lock(7, WRITE, 40, 49), 0);
+        h.granted(NodeId::new(1), &lock(7, WRITE, 40, 49), 0);
         assert_eq!(ranges(&h), [(7, WRITE, 20, 29)]);
-        h.released(1, 7, 1);
+        h.released(NodeId::new(1), 7, 1);
         assert!(h.all().is_empty());
     }
 }

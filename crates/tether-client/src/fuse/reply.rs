@@ -3,8 +3,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, TimeOrNow};
 use tether_proto::{Attr, SetTime, Timespec, WireErrno};
+
+use crate::kernel_ids::ino_of;
 
 pub(crate) fn errno(e: WireErrno) -> Errno {
     Errno::from_i32(e.to_host())
@@ -70,7 +72,7 @@ pub(crate) fn kind_of_dtype(t: u8) -> FileType {
 
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino),
+        ino: ino_of(a.ino),
         size: a.size,
         blocks: a.blocks,
         atime: time(a.atime),

@@ -6,8 +6,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use bytes::Bytes;
-use fuser::{Errno, INodeNo, ReplyEmpty, ReplyXattr};
-use tether_proto::{Reply, Request};
+use fuser::{Errno, ReplyEmpty, ReplyXattr};
+use tether_proto::{NodeId, Reply, Request};
 
 use super::answer::name;
 use super::fs::{Asked, TetherFs};
@@ -16,15 +16,15 @@ impl TetherFs {
     pub(super) fn on_setxattr(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         n: &OsStr,
         value: &[u8],
         flags: i32,
         reply: ReplyEmpty,
     ) {
-        self.co.xattrs_changing(ino.0);
+        self.co.xattrs_changing(ino);
         let msg = Request::Setxattr {
-            node: ino.0,
+            node: ino,
             name: name(n),
             value: Bytes::copy_from_slice(value),
             flags: flags as u32,
@@ -35,19 +35,19 @@ impl TetherFs {
     pub(super) fn on_getxattr(
         &self,
         req: Asked<'_>,
-        ino: INodeNo,
+        ino: NodeId,
         n: &OsStr,
         size: u32,
         reply: ReplyXattr,
     ) {
-        if n.as_bytes() == b"security.capability" && self.co.known_without_capability(ino.0) {
+        if n.as_bytes() == b"security.capability" && self.co.known_without_capability(ino) {
             reply.error(Errno::ENODATA);
             return;
         }
         self.xattr_call(
             req,
             Request::Getxattr {
-                node: ino.0,
+                node: ino,
                 name: name(n),
                 size,
             },
@@ -55,22 +55,16 @@ impl TetherFs {
         );
     }
 
-    pub(super) fn on_listxattr(&self, req: Asked<'_>, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.xattr_call(req, Request::Listxattr { node: ino.0, size }, reply);
+    pub(super) fn on_listxattr(&self, req: Asked<'_>, ino: NodeId, size: u32, reply: ReplyXattr) {
+        self.xattr_call(req, Request::Listxattr { node: ino, size }, reply);
     }
 
-    pub(super) fn on_removexattr(
-        &self,
-        req: Asked<'_>,
-        ino: INodeNo,
-        n: &OsStr,
-        reply: ReplyEmpty,
-    ) {
-        self.co.xattrs_changing(ino.0);
+    pub(super) fn on_removexattr(&self, req: Asked<'_>, ino: NodeId, n: &OsStr, reply: ReplyEmpty) {
+        self.co.xattrs_changing(ino);
         self.empty_call(
             req,
             Request::Removexattr {
-                node: ino.0,
+                node: ino,
                 name: name(n),
             },
             reply,

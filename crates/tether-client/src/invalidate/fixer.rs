@@ -40,9 +40,10 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use fuser::{INodeNo, Notifier};
+use fuser::Notifier;
 use tether_proto::{Caller, NodeId, Reply, Request};
 
+use crate::kernel_ids::ino_of;
 use crate::known::Known;
 use crate::rpc::Connection;
 use crate::sys::mount_dir::MountDir;
@@ -344,7 +345,7 @@ impl AttrFixer {
     fn fix(&self, node: NodeId) -> Option<Duration> {
         let generation = self.generation(node)?;
         let outcome = self.apply(node, generation, true);
-        tracing::trace!(node, ?outcome, "fix");
+        tracing::trace!(%node, ?outcome, "fix");
         self.account(node, outcome)
     }
 
@@ -393,7 +394,7 @@ impl AttrFixer {
         // still in use (open, mapped, running) needs the steps below.
         if let Some((notifier, known)) = self.session.get().filter(|_| forget) {
             if let Some((parent, name)) = known.place_of(node) {
-                let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+                let _ = notifier.inval_entry(ino_of(parent), OsStr::from_bytes(&name));
             }
         }
         let file = match open_by_node(root, node, generation) {
@@ -411,7 +412,10 @@ impl AttrFixer {
             gid: 0,
             pid: tid() as u32,
         };
-        let host = match self.conn.call_wait(me, &Request::Getattr { node, fh: 0 }) {
+        let host = match self
+            .conn
+            .call_wait(me, &Request::Getattr { node, fh: None })
+        {
             Ok(Reply::Attr(a)) if a.mode & libc::S_IFMT == libc::S_IFREG => a,
             _ => return Ok(Fix::Nothing), // gone, or no longer a file: its name invalidation follows
         };
@@ -504,7 +508,8 @@ fn open_by_node(mount_fd: BorrowedFd<'_>, node: NodeId, generation: u32) -> io::
     let mut h = Handle {
         bytes: 12,
         kind: FUSE_FILEID_INO64_GEN,
-        words: [(node >> 32) as u32, node as u32, generation],
+        // FUSE's handle format: the inode number (the node id), high half first.
+        words: [(node.get() >> 32) as u32, node.get() as u32, generation],
     };
     let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
     // SAFETY: `h` is laid out as struct file_handle with 12 bytes of handle.

@@ -38,14 +38,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fuser::{INodeNo, Notifier};
+use fuser::Notifier;
 use tether_proto::{changed, Attr, EventKind, HostEvent, NodeId};
 
+use crate::kernel_ids::{ino_of, node_of_st_ino};
 use crate::rpc::Connection;
 
 /// Node ids from here up are ghosts: entries invented for the replaying thread to remove
 /// (the host already removed them). Server ids stay below (foreign ids count up from 2^63).
-pub const GHOST_BASE: NodeId = 0xC000_0000_0000_0000;
+pub const GHOST_BASE: NodeId = NodeId::new(0xC000_0000_0000_0000);
 
 /// Most bytes of host events waiting for replay. A watcher's own inotify queue holds 16,384
 /// events by default (fs.inotify.max_queued_events), so a watcher that falls that far
@@ -66,18 +67,21 @@ pub enum ReplayLookup {
     Absent,
     /// The name must look absent, then be created as `node` of type `file_type`: the
     /// creation answers with that node if the host still has it under the name, else
-    /// (or if `node` is 0, unknown) with a ghost.
-    Created { node: NodeId, file_type: u32 },
+    /// (or if `node` is unknown) with a ghost.
+    Created {
+        node: Option<NodeId>,
+        file_type: u32,
+    },
     /// The name must look present, as a ghost of type `file_type`: it is being removed
     /// (the host already removed it).
     Removed { file_type: u32 },
     /// The name must look present, as `node` if the host now has it under (`dir`,
-    /// `name`), else (or if `node` is 0, unknown) as a ghost of type `file_type`: it is a
+    /// `name`), else (or if `node` is unknown) as a ghost of type `file_type`: it is a
     /// rename's source.
     Renamed {
         dir: NodeId,
         name: Bytes,
-        node: NodeId,
+        node: Option<NodeId>,
         file_type: u32,
     },
 }
@@ -210,7 +214,7 @@ impl Replayer {
             tid: AtomicI32::new(0),
             armed: Mutex::new(Armed::default()),
             holding: AtomicBool::new(false),
-            next_ghost: AtomicU64::new(GHOST_BASE),
+            next_ghost: AtomicU64::new(GHOST_BASE.get()),
             dev: OnceLock::new(),
             watcher_fds: Mutex::default(),
             counters: ReplayCounters::default(),
@@ -268,14 +272,14 @@ impl Replayer {
 
     /// Attributes of a ghost: a fresh id, so the kernel never confuses it with a real node.
     pub fn ghost(&self, file_type: u32) -> Attr {
-        let ino = self.next_ghost.fetch_add(1, Ordering::Relaxed);
+        // Counted up from GHOST_BASE, as a server counts its ids.
+        let ino = NodeId::new(self.next_ghost.fetch_add(1, Ordering::Relaxed));
         let dir = file_type == libc::S_IFDIR;
         Attr {
-            ino,
             mode: file_type | if dir { 0o755 } else { 0o644 },
             nlink: if dir { 2 } else { 1 },
             blksize: 4096,
-            ..Attr::default()
+            ..Attr::of(ino)
         }
     }
 
@@ -346,7 +350,7 @@ impl Replayer {
             _ => None,
         };
         let watched = watches.covers(ev.dir)
-            || (ev.node != 0 && watches.covers(ev.node))
+            || ev.node.is_some_and(|n| watches.covers(n))
             || from_dir.is_some_and(|d| watches.covers(d));
         if !watched {
             self.counters.unwatched.fetch_add(1, Ordering::Relaxed);
@@ -418,7 +422,7 @@ impl Replayer {
         // whose TTL the RPC reader thread decides with `holds`.
         let invalidate = || {
             for (dir, name) in &touched {
-                let _ = notifier.inval_entry(INodeNo(*dir), OsStr::from_bytes(name));
+                let _ = notifier.inval_entry(ino_of(*dir), OsStr::from_bytes(name));
             }
         };
         if cached != Cached::Kept {
@@ -437,7 +441,7 @@ impl Replayer {
         let path = cpath(&self.mountpoint)?;
         let root = openat(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY)?;
         let st = fstat(&root)?;
-        if st.st_dev != dev.dev || st.st_ino != tether_proto::ROOT_NODE {
+        if st.st_dev != dev.dev || node_of_st_ino(st.st_ino) != tether_proto::ROOT_NODE {
             return Err(io::Error::other(
                 "the mount point no longer shows this mount",
             ));
@@ -468,7 +472,7 @@ impl Replayer {
             }
         }
         let st = fstat(&fd)?;
-        if st.st_dev != dev.dev || st.st_ino != dir {
+        if st.st_dev != dev.dev || node_of_st_ino(st.st_ino) != dir {
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
         Ok(fd)
@@ -633,8 +637,8 @@ fn removed_for_good(dir: libc::c_int, name: &CStr) -> bool {
 /// the mtime alone is IN_MODIFY to inotify); set both times to themselves (IN_ATTRIB);
 /// close. Only the open takes write access, and it is skipped for executable files: even a
 /// moment of it would make a concurrent exec of the file fail with ETXTBSY. Nothing is
-/// raised (ESTALE) if the name no longer shows the changed file `node` (0: unknown).
-fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: NodeId) -> io::Result<()> {
+/// raised (ESTALE) if the name no longer shows the changed file `node` (if known).
+fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: Option<NodeId>) -> io::Result<()> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid descriptor, C string and writable buffer.
     check(unsafe {
@@ -647,7 +651,7 @@ fn replay_change(dir: libc::c_int, name: &CStr, bits: u8, node: NodeId) -> io::R
     })?;
     // SAFETY: fstatat succeeded.
     let st = unsafe { st.assume_init() };
-    if node != 0 && st.st_ino != node {
+    if node.is_some_and(|n| node_of_st_ino(st.st_ino) != n) {
         return Err(io::Error::from_raw_os_error(libc::ESTALE));
     }
     let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
@@ -730,7 +734,7 @@ fn watcher_fds_of(fd_dir: &Path) -> Vec<u32> {
 
 /// The inodes of one mount that processes in the guest watch.
 pub struct GuestWatches {
-    inodes: HashSet<u64>,
+    inodes: HashSet<NodeId>,
     /// A mark on the whole file system or mount (fanotify).
     everything: bool,
 }
@@ -817,7 +821,7 @@ impl GuestWatches {
             }
             match field("ino:") {
                 Some(ino) => {
-                    self.inodes.insert(ino);
+                    self.inodes.insert(node_of_st_ino(ino));
                 }
                 None => self.everything = true,
             }
@@ -850,7 +854,7 @@ mod tests {
         let mut fds = WatcherFds::default();
         let first = watch(dir.path());
         let found = GuestWatches::scan(kdev, &[], &mut fds);
-        assert!(found.covers(meta.ino()), "the first watch");
+        assert!(found.covers(NodeId::new(meta.ino())), "the first watch");
         // A second watch through the same descriptor: the process's count is unchanged.
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let sub = std::fs::metadata(dir.path().join("sub")).unwrap().ino();
@@ -859,7 +863,7 @@ mod tests {
         let wd = unsafe { libc::inotify_add_watch(first.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) };
         assert!(wd >= 0);
         assert!(
-            GuestWatches::scan(kdev, &[], &mut fds).covers(sub),
+            GuestWatches::scan(kdev, &[], &mut fds).covers(NodeId::new(sub)),
             "a watch added later"
         );
         // A new watcher descriptor changes the count: read again.
@@ -867,12 +871,12 @@ mod tests {
         let _second = watch(other.path());
         let ino = std::fs::metadata(other.path()).unwrap().ino();
         assert!(
-            GuestWatches::scan(kdev, &[], &mut fds).covers(ino),
+            GuestWatches::scan(kdev, &[], &mut fds).covers(NodeId::new(ino)),
             "a new watcher"
         );
         // This process left out: none of it.
         let me = [Some(std::process::id())];
-        assert!(!GuestWatches::scan(kdev, &me, &mut fds).covers(ino));
+        assert!(!GuestWatches::scan(kdev, &me, &mut fds).covers(NodeId::new(ino)));
     }
 
     #[test]
@@ -886,11 +890,14 @@ mod tests {
             inotify wd:2 ino:1 sdev:2e mask:fff ignored_mask:0\n\
             inotify wd:3 ino:2a sdev:2e mask:fff ignored_mask:0\n";
         w.add_marks(text, 0x2e);
-        assert!(w.covers(1) && w.covers(0x2a));
-        assert!(!w.covers(0x98413f), "a mark on another device");
+        assert!(w.covers(NodeId::new(1)) && w.covers(NodeId::new(0x2a)));
+        assert!(!w.covers(NodeId::new(0x98413f)), "a mark on another device");
         assert!(!w.everything, "the fdinfo header's mnt_id is not a mark");
         w.add_marks("fanotify sdev:2e mflags:0 mask:1 ignored_mask:0\n", 0x2e);
-        assert!(w.covers(12345), "a file system mark covers everything");
+        assert!(
+            w.covers(NodeId::new(12345)),
+            "a file system mark covers everything"
+        );
     }
 
     #[test]
@@ -915,12 +922,16 @@ mod tests {
         )
         .unwrap();
         let sub_ino = meta(&root_path.join("sub")).ino();
-        assert!(r.open_dir(&root, dev, b"sub", sub_ino).is_ok());
+        assert!(r.open_dir(&root, dev, b"sub", NodeId::new(sub_ino)).is_ok());
         // The right path to another directory than the event's.
-        assert!(r.open_dir(&root, dev, b"sub", sub_ino + 1).is_err());
+        assert!(r
+            .open_dir(&root, dev, b"sub", NodeId::new(sub_ino + 1))
+            .is_err());
         // A symlink on the way, even to the very directory the event names.
         let outside_ino = meta(&outside).ino();
-        assert!(r.open_dir(&root, dev, b"link", outside_ino).is_err());
+        assert!(r
+            .open_dir(&root, dev, b"link", NodeId::new(outside_ino))
+            .is_err());
         for bad in [
             &b"../outside"[..],
             b"/etc",
@@ -929,16 +940,20 @@ mod tests {
             b"sub/\0x",
             b".",
         ] {
-            let e = r.open_dir(&root, dev, bad, outside_ino).unwrap_err();
+            let e = r
+                .open_dir(&root, dev, bad, NodeId::new(outside_ino))
+                .unwrap_err();
             assert!(e.raw_os_error().is_some(), "{bad:?}: {e}");
         }
         for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
             assert!(component(bad).is_err(), "{bad:?}");
         }
         // A content replay on a symlink changes the symlink's view only, never its target.
-        let sub = r.open_dir(&root, dev, b"sub", sub_ino).unwrap();
+        let sub = r
+            .open_dir(&root, dev, b"sub", NodeId::new(sub_ino))
+            .unwrap();
         let before = meta(Path::new("/etc/passwd")).mtime_nsec();
-        replay_change(sub.as_raw_fd(), c"file-link", changed::ALL, 0).unwrap();
+        replay_change(sub.as_raw_fd(), c"file-link", changed::ALL, None).unwrap();
         assert_eq!(meta(Path::new("/etc/passwd")).mtime_nsec(), before);
     }
 

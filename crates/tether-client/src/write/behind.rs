@@ -199,7 +199,7 @@ impl WriteBehind {
                 "a write"
             };
             tracing::warn!(
-                node,
+                %node,
                 "{what} answered before the server had it failed there: {e:?}; the next \
                  write to the file or fsync() gets the error, and the guest's copy is dropped"
             );
@@ -257,14 +257,17 @@ mod tests {
     #[test]
     fn an_error_goes_to_the_next_caller_once_and_draining_waits_for_replies() {
         let wb = WriteBehind::new(true);
-        assert!(wb.begin(7, 4096));
-        assert!(wb.begin(7, 4096));
+        assert!(wb.begin(NodeId::new(7), 4096));
+        assert!(wb.begin(NodeId::new(7), 4096));
         assert_eq!(wb.in_flight(), 2);
-        assert!(!wb.finish(7, 4096, Ok(4096)));
-        assert!(wb.finish(7, 4096, Ok(100)), "a short write is an error");
+        assert!(!wb.finish(NodeId::new(7), 4096, Ok(4096)));
+        assert!(
+            wb.finish(NodeId::new(7), 4096, Ok(100)),
+            "a short write is an error"
+        );
         assert_eq!(wb.drain(Duration::from_millis(10)), 0);
-        assert_eq!(wb.take_error(7), Some(WireErrno::ENOSPC));
-        assert_eq!(wb.take_error(7), None);
+        assert_eq!(wb.take_error(NodeId::new(7)), Some(WireErrno::ENOSPC));
+        assert_eq!(wb.take_error(NodeId::new(7)), None);
         assert_eq!(wb.counters.failed_later.load(Ordering::Relaxed), 1);
     }
 
@@ -274,23 +277,27 @@ mod tests {
         use std::sync::Arc;
         let wb = WriteBehind::new(true);
         assert!(
-            wb.after_writes(3, Box::new(|| ())).is_err(),
+            wb.after_writes(NodeId::new(3), Box::new(|| ())).is_err(),
             "nothing in flight"
         );
-        assert!(wb.begin(3, 10) && wb.begin(3, 10) && wb.begin(4, 10));
+        assert!(
+            wb.begin(NodeId::new(3), 10)
+                && wb.begin(NodeId::new(3), 10)
+                && wb.begin(NodeId::new(4), 10)
+        );
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
         let then = Box::new(move || r.store(true, Ordering::SeqCst));
-        assert!(wb.after_writes(3, then).is_ok());
-        wb.finish(3, 10, Ok(10));
-        wb.finish(4, 10, Ok(10));
+        assert!(wb.after_writes(NodeId::new(3), then).is_ok());
+        wb.finish(NodeId::new(3), 10, Ok(10));
+        wb.finish(NodeId::new(4), 10, Ok(10));
         assert!(
             !ran.load(Ordering::SeqCst),
             "one write to the file is still on its way"
         );
-        wb.finish(3, 10, Ok(10));
+        wb.finish(NodeId::new(3), 10, Ok(10));
         assert!(ran.load(Ordering::SeqCst));
-        assert!(!wb.writing(3));
+        assert!(!wb.writing(NodeId::new(3)));
     }
 
     #[test]
@@ -298,31 +305,34 @@ mod tests {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
         let wb = WriteBehind::new(true);
-        assert!(wb.begin(5, 10));
+        assert!(wb.begin(NodeId::new(5), 10));
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
         assert!(wb
-            .after_writes(5, Box::new(move || r.store(true, Ordering::SeqCst)))
+            .after_writes(
+                NodeId::new(5),
+                Box::new(move || r.store(true, Ordering::SeqCst))
+            )
             .is_ok());
         // A steady writer: the file always has a write in flight.
-        assert!(wb.begin(5, 10));
-        wb.finish(5, 10, Ok(10));
+        assert!(wb.begin(NodeId::new(5), 10));
+        wb.finish(NodeId::new(5), 10, Ok(10));
         assert!(
             ran.load(Ordering::SeqCst),
             "the write before it was answered"
         );
-        assert!(wb.writing(5));
-        wb.finish(5, 10, Ok(10));
+        assert!(wb.writing(NodeId::new(5)));
+        wb.finish(NodeId::new(5), 10, Ok(10));
         assert_eq!(wb.in_flight(), 0);
     }
 
     #[test]
     fn writes_wait_when_the_server_does_not_order_them_or_too_much_is_in_flight() {
-        assert!(!WriteBehind::new(false).begin(1, 10));
+        assert!(!WriteBehind::new(false).begin(NodeId::new(1), 10));
         let wb = WriteBehind::new(true);
         let big = tether_proto::handshake::ORDERED_WRITE_MAX;
         let mut n = 0;
-        while wb.begin(1, big) {
+        while wb.begin(NodeId::new(1), big) {
             n += 1;
         }
         assert_eq!(n as u64, MAX_BYTES_IN_FLIGHT / big as u64);

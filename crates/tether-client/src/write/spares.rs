@@ -38,23 +38,24 @@ const MAX_POOLS: usize = 8;
 /// How long a directory whose SPARES failed (no O_TMPFILE, no permission) is left alone.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 
-/// Whose spares: files made as `uid`/`gid` would make them, where: `place` 0 for any
+/// Whose spares: files made as `uid`/`gid` would make them, where: `place` None for any
 /// directory of the export's own file system (node ids below 2⁶³ are its inode numbers,
 /// protocol.md §11) without set-group-ID, or else the one directory they were made in (a
 /// set-group-ID directory gives its files its group; another file system cannot link them).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct PoolKey {
-    pub place: NodeId,
+    pub place: Option<NodeId>,
     pub uid: u32,
     pub gid: u32,
 }
 
 impl PoolKey {
     pub fn new(dir: NodeId, set_group_id: bool, uid: u32, gid: u32) -> PoolKey {
-        let place = if dir < 1 << 63 && !set_group_id {
-            0
+        // Below 2⁶³ a node id is an inode number of the export's own file system.
+        let place = if dir.get() < 1 << 63 && !set_group_id {
+            None
         } else {
-            dir
+            Some(dir)
         };
         PoolKey { place, uid, gid }
     }
@@ -178,7 +179,7 @@ impl Spares {
         let files = match outcome {
             Ok(files) => files,
             Err(e) => {
-                tracing::debug!(place = key.place, "no spare files: {e:?}");
+                tracing::debug!(place = ?key.place, "no spare files: {e:?}");
                 if let Some(pool) = pools.get_mut(&key).filter(|p| p.session == current) {
                     pool.asking = false;
                     pool.failed_at = Some(Instant::now());
@@ -211,9 +212,10 @@ impl Spares {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_proto::Attr;
 
     const KEY: PoolKey = PoolKey {
-        place: 0,
+        place: None,
         uid: 1000,
         gid: 1000,
     };
@@ -221,8 +223,14 @@ mod tests {
     fn spare(node: NodeId) -> Entry {
         Entry {
             node,
-            ..Entry::default()
+            generation: 0,
+            flags: 0,
+            attr: Attr::of(node),
         }
+    }
+
+    fn ids<const N: usize>(raw: [u64; N]) -> [NodeId; N] {
+        raw.map(NodeId::new)
     }
 
     #[test]
@@ -232,14 +240,18 @@ mod tests {
         assert_eq!(s.should_ask(KEY, 0), Some(vec![]));
         assert_eq!(s.should_ask(KEY, 0), None, "already asking");
         assert!(s
-            .filled(KEY, (0, 0), Ok(vec![spare(10), spare(11)]))
+            .filled(
+                KEY,
+                (0, 0),
+                Ok(vec![spare(NodeId::new(10)), spare(NodeId::new(11))])
+            )
             .is_empty());
         assert_eq!(s.held(), 2);
         // Low again: asks again.
         assert_eq!(s.should_ask(KEY, 0), Some(vec![]));
         let mut got = vec![s.take(KEY, 0).unwrap().node, s.take(KEY, 0).unwrap().node];
         got.sort();
-        assert_eq!(got, [10, 11]);
+        assert_eq!(got, ids([10, 11]));
         assert_eq!(s.take(KEY, 0), None);
     }
 
@@ -247,15 +259,19 @@ mod tests {
     fn spares_of_an_earlier_connection_are_never_given_out() {
         let s = Spares::new(true);
         s.should_ask(KEY, 0);
-        s.filled(KEY, (0, 0), Ok(vec![spare(10)]));
+        s.filled(KEY, (0, 0), Ok(vec![spare(NodeId::new(10))]));
         assert_eq!(s.take(KEY, 1), None, "made on connection 0");
         // An answer of the old connection's: neither kept nor forgotten (its ids may be
         // nodes of the new connection).
         s.should_ask(KEY, 1);
-        assert!(s.filled(KEY, (0, 1), Ok(vec![spare(12)])).is_empty());
+        assert!(s
+            .filled(KEY, (0, 1), Ok(vec![spare(NodeId::new(12))]))
+            .is_empty());
         assert_eq!(s.take(KEY, 1), None);
-        assert!(s.filled(KEY, (1, 1), Ok(vec![spare(13)])).is_empty());
-        assert_eq!(s.take(KEY, 1).map(|e| e.node), Some(13));
+        assert!(s
+            .filled(KEY, (1, 1), Ok(vec![spare(NodeId::new(13))]))
+            .is_empty());
+        assert_eq!(s.take(KEY, 1).map(|e| e.node), Some(NodeId::new(13)));
     }
 
     #[test]
@@ -266,10 +282,17 @@ mod tests {
         assert_eq!(s.should_ask(KEY, 0), None, "resting after a failure");
         let first = PoolKey { uid: 6, ..KEY };
         s.should_ask(first, 0);
-        s.filled(first, (0, 0), Ok(vec![spare(20), spare(21)]));
+        s.filled(
+            first,
+            (0, 0),
+            Ok(vec![spare(NodeId::new(20)), spare(NodeId::new(21))]),
+        );
         // A pool pushed out while its SPARES was on its way: the spares come back.
         let gone = PoolKey { uid: 7, ..KEY };
-        assert_eq!(s.filled(gone, (0, 0), Ok(vec![spare(30)])), vec![30]);
+        assert_eq!(
+            s.filled(gone, (0, 0), Ok(vec![spare(NodeId::new(30))])),
+            ids([30])
+        );
         for uid in 100..(100 + MAX_POOLS as u32 - 2) {
             assert_eq!(s.should_ask(PoolKey { uid, ..KEY }, 0), Some(vec![]));
         }
@@ -278,7 +301,7 @@ mod tests {
         assert_eq!(s.should_ask(PoolKey { uid: 200, ..KEY }, 0), Some(vec![]));
         let mut back = s.should_ask(PoolKey { uid: 201, ..KEY }, 0).unwrap();
         back.sort();
-        assert_eq!(back, [20, 21]);
+        assert_eq!(back, ids([20, 21]));
     }
 
     #[test]
@@ -291,10 +314,21 @@ mod tests {
     #[test]
     fn directories_of_the_exports_own_file_system_share_a_pool() {
         let key = |dir, set_group_id| PoolKey::new(dir, set_group_id, 5, 6);
-        assert_eq!(key(1, false), key(12345, false));
-        assert_ne!(key(1, false), key(1 << 63, false), "another file system");
-        assert_ne!(key(1 << 63, false), key((1 << 63) + 1, false));
-        assert_ne!(key(12, true), key(12345, false), "set-group-ID");
-        assert_ne!(key(12, true), key(13, true));
+        assert_eq!(key(NodeId::new(1), false), key(NodeId::new(12345), false));
+        assert_ne!(
+            key(NodeId::new(1), false),
+            key(NodeId::new(1 << 63), false),
+            "another file system"
+        );
+        assert_ne!(
+            key(NodeId::new(1 << 63), false),
+            key(NodeId::new((1 << 63) + 1), false)
+        );
+        assert_ne!(
+            key(NodeId::new(12), true),
+            key(NodeId::new(12345), false),
+            "set-group-ID"
+        );
+        assert_ne!(key(NodeId::new(12), true), key(NodeId::new(13), true));
     }
 }
