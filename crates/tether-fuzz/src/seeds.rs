@@ -7,8 +7,8 @@ use tether_proto::frame::FLAG_NO_REPLY;
 use tether_proto::handshake::features;
 use tether_proto::{
     invalidate_frame, lock_freed_frame, reply_frame, setattr_valid, Attr, Caller, Challenge,
-    DirEntry, Entry, EventKind, Hello, HelloReply, HostEvent, IdMapping, InvalidatePush,
-    Invalidation, Op, Reply, Request, SetAttr, SetTime, Statfs, Timespec, WireErrno,
+    DirEntry, Entry, EventKind, HandleId, Hello, HelloReply, HostEvent, IdMapping, InvalidatePush,
+    Invalidation, NodeId, Op, Reply, Request, SetAttr, SetTime, Statfs, Timespec, WireErrno,
     FRAME_HEADER_LEN, MAGIC, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 
@@ -42,7 +42,7 @@ fn hello() -> Hello {
     }
 }
 
-fn attr(ino: u64) -> Attr {
+fn attr(ino: NodeId) -> Attr {
     let t = Timespec {
         sec: 1_700_000_000,
         nsec: 123_456_789,
@@ -64,7 +64,7 @@ fn attr(ino: u64) -> Attr {
     }
 }
 
-fn entry(node: u64) -> Entry {
+fn entry(node: NodeId) -> Entry {
     Entry {
         node,
         generation: 3,
@@ -82,16 +82,19 @@ pub fn requests() -> Vec<Request> {
             proof: [0x44; PROOF_LEN],
         },
         Lookup {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"hello.txt"),
         },
         Forget {
-            nodes: vec![(5, 1), (6, 2)],
+            nodes: vec![(NodeId::new(5), 1), (NodeId::new(6), 2)],
         },
-        Getattr { node: 5, fh: 0 },
+        Getattr {
+            node: NodeId::new(5),
+            fh: None,
+        },
         Setattr {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             set: SetAttr {
                 valid: setattr_valid::MODE | setattr_valid::SIZE,
                 mode: 0o600,
@@ -105,133 +108,149 @@ pub fn requests() -> Vec<Request> {
                 }),
             },
         },
-        Readlink { node: 7 },
+        Readlink {
+            node: NodeId::new(7),
+        },
         Mknod {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"fifo"),
             mode: libc::S_IFIFO | 0o644,
             rdev: 0,
             umask: 0o022,
         },
         Mkdir {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"newdir"),
             mode: 0o755,
             umask: 0o022,
         },
         Unlink {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"old.txt"),
         },
         Rmdir {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"olddir"),
         },
         Symlink {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"link"),
             target: b(b"../target"),
         },
         Rename {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"a"),
-            new_parent: 8,
+            new_parent: NodeId::new(8),
             new_name: b(b"b"),
             flags: libc::RENAME_NOREPLACE,
         },
         Link {
-            node: 5,
-            new_parent: 1,
+            node: NodeId::new(5),
+            new_parent: NodeId::new(1),
             new_name: b(b"hard"),
         },
         Open {
-            node: 5,
+            node: NodeId::new(5),
             flags: libc::O_RDWR as u32,
         },
         Read {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             offset: 0,
             size: 4096,
         },
         Write {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             offset: 10,
             data: b(b"written data"),
         },
-        Statfs { node: 1 },
-        Release { node: 5, fh: 2 },
+        Statfs {
+            node: NodeId::new(1),
+        },
+        Release {
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
+        },
         Fsync {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             datasync: true,
         },
         Setxattr {
-            node: 5,
+            node: NodeId::new(5),
             name: b(b"user.tag"),
             value: b(b"value"),
             flags: 0,
         },
         Getxattr {
-            node: 5,
+            node: NodeId::new(5),
             name: b(b"user.tag"),
             size: 64,
         },
-        Listxattr { node: 5, size: 0 },
+        Listxattr {
+            node: NodeId::new(5),
+            size: 0,
+        },
         Removexattr {
-            node: 5,
+            node: NodeId::new(5),
             name: b(b"user.tag"),
         },
         Flush {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             lock_owner: 0xdead,
         },
-        Opendir { node: 1, flags: 0 },
+        Opendir {
+            node: NodeId::new(1),
+            flags: 0,
+        },
         Readdir {
-            node: 1,
-            fh: 3,
+            node: NodeId::new(1),
+            fh: HandleId::new(3),
             offset: 0,
             size: 4096,
             plus: true,
         },
-        Releasedir { node: 1, fh: 3 },
+        Releasedir {
+            node: NodeId::new(1),
+            fh: HandleId::new(3),
+        },
         Fsyncdir {
-            node: 1,
-            fh: 3,
+            node: NodeId::new(1),
+            fh: HandleId::new(3),
             datasync: false,
         },
         Access {
-            node: 5,
+            node: NodeId::new(5),
             mask: libc::R_OK as u32,
         },
         Create {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"created"),
             mode: 0o644,
             umask: 0o022,
             flags: (libc::O_RDWR | libc::O_CREAT) as u32,
         },
         Fallocate {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             offset: 0,
             length: 8192,
             mode: 0,
         },
         Lseek {
-            node: 5,
-            fh: 2,
+            node: NodeId::new(5),
+            fh: HandleId::new(2),
             offset: -4,
             whence: libc::SEEK_END as u32,
         },
         CopyFileRange {
-            node_in: 5,
-            fh_in: 2,
+            node_in: NodeId::new(5),
+            fh_in: HandleId::new(2),
             offset_in: 0,
-            node_out: 9,
-            fh_out: 4,
+            node_out: NodeId::new(9),
+            fh_out: HandleId::new(4),
             offset_out: 0,
             len: 100,
             flags: 0,
@@ -245,21 +264,21 @@ pub fn requests() -> Vec<Request> {
 pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
     let dir = vec![
         DirEntry {
-            ino: 1,
+            ino: NodeId::new(1),
             offset: 1,
             kind: libc::DT_DIR,
             name: b(b"."),
             entry: None,
         },
         DirEntry {
-            ino: 5,
+            ino: NodeId::new(5),
             offset: 2,
             kind: libc::DT_REG,
             name: b(b"hello.txt"),
-            entry: Some(entry(5)),
+            entry: Some(entry(NodeId::new(5))),
         },
         DirEntry {
-            ino: 7,
+            ino: NodeId::new(7),
             offset: 3,
             kind: libc::DT_LNK,
             name: b(b"link"),
@@ -298,19 +317,31 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
         ),
         (Op::Auth, Err(WireErrno::EACCES)),
         (Op::Hello, Err(WireErrno::EPROTO)),
-        (Op::Lookup, Ok(Reply::Entry(entry(5)))),
+        (Op::Lookup, Ok(Reply::Entry(entry(NodeId::new(5))))),
         (Op::Lookup, Err(WireErrno::ENOENT)),
-        (Op::Mkdir, Ok(Reply::Entry(entry(8)))),
-        (Op::Getattr, Ok(Reply::Attr(attr(5)))),
-        (Op::Setattr, Ok(Reply::Attr(attr(5)))),
+        (Op::Mkdir, Ok(Reply::Entry(entry(NodeId::new(8))))),
+        (Op::Getattr, Ok(Reply::Attr(attr(NodeId::new(5))))),
+        (Op::Setattr, Ok(Reply::Attr(attr(NodeId::new(5))))),
         (Op::Readlink, Ok(Reply::Data(b(b"../target")))),
         (Op::Read, Ok(Reply::Data(b(b"hello, tether\n")))),
         (Op::Read, Ok(Reply::Data(Bytes::new()))),
         (Op::Unlink, Ok(Reply::Empty)),
         (Op::Ping, Ok(Reply::Empty)),
         (Op::Sync, Ok(Reply::Empty)),
-        (Op::Open, Ok(Reply::Open { fh: 2, flags: 1 })),
-        (Op::Opendir, Ok(Reply::Open { fh: 3, flags: 0 })),
+        (
+            Op::Open,
+            Ok(Reply::Open {
+                fh: HandleId::new(2).unwrap(),
+                flags: 1,
+            }),
+        ),
+        (
+            Op::Opendir,
+            Ok(Reply::Open {
+                fh: HandleId::new(3).unwrap(),
+                flags: 0,
+            }),
+        ),
         (
             Op::Write,
             Ok(Reply::Written {
@@ -359,8 +390,8 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
         (
             Op::Create,
             Ok(Reply::Create {
-                entry: entry(9),
-                fh: 4,
+                entry: entry(NodeId::new(9)),
+                fh: HandleId::new(4),
                 flags: 0,
                 dir: None,
             }),
@@ -373,18 +404,18 @@ pub fn replies() -> Vec<(Op, Result<Reply, WireErrno>)> {
 /// INVALIDATE pushes: items only, with host events of every kind, everything at once.
 pub fn pushes() -> Vec<InvalidatePush> {
     let items = vec![
-        Invalidation::Inode(5),
+        Invalidation::Inode(NodeId::new(5)),
         Invalidation::Entry {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"hello.txt"),
         },
         Invalidation::All,
     ];
     let ev = |kind| HostEvent {
-        dir: 1,
+        dir: NodeId::new(1),
         dir_path: b(b"sub/dir"),
         name: b(b"hello.txt"),
-        node: 5,
+        node: Some(NodeId::new(5)),
         file_type: libc::S_IFREG,
         kind,
     };
@@ -393,7 +424,7 @@ pub fn pushes() -> Vec<InvalidatePush> {
         ev(EventKind::Deleted),
         ev(EventKind::Changed(3)),
         ev(EventKind::Moved {
-            from_dir: 8,
+            from_dir: NodeId::new(8),
             from_path: b(b"old"),
             from_name: b(b"was.txt"),
         }),
@@ -404,7 +435,7 @@ pub fn pushes() -> Vec<InvalidatePush> {
             events: Vec::new(),
         },
         InvalidatePush {
-            items: vec![Invalidation::Inode(1)],
+            items: vec![Invalidation::Inode(NodeId::new(1))],
             events: events.clone(),
         },
         InvalidatePush { items, events },
@@ -466,7 +497,13 @@ pub fn messages() -> Vec<Vec<u8>> {
     for p in pushes() {
         out.push([&[family::PUSH, 0], body(&push_frame(&p, 1))].concat());
     }
-    out.push([&[family::PUSH, 0], body(&lock_freed_frame(&[2, 3]))].concat());
+    out.push(
+        [
+            &[family::PUSH, 0],
+            body(&lock_freed_frame(&[NodeId::new(2), NodeId::new(3)])),
+        ]
+        .concat(),
+    );
     let mut e = tether_proto::Encoder::default();
     hello().encode(&mut e);
     out.push([&[family::HELLO, 0], &e.buf[..]].concat());
@@ -508,14 +545,14 @@ impl Script {
     }
 }
 
-fn lookup(parent: u64, name: &[u8]) -> Request {
+fn lookup(parent: NodeId, name: &[u8]) -> Request {
     Request::Lookup {
         parent,
         name: b(name),
     }
 }
 
-fn read(node: u64, fh: u64, size: u32) -> Request {
+fn read(node: NodeId, fh: Option<HandleId>, size: u32) -> Request {
     Request::Read {
         node,
         fh,
@@ -524,7 +561,7 @@ fn read(node: u64, fh: u64, size: u32) -> Request {
     }
 }
 
-fn readdir(node: u64, fh: u64, plus: bool) -> Request {
+fn readdir(node: NodeId, fh: Option<HandleId>, plus: bool) -> Request {
     Request::Readdir {
         node,
         fh,
@@ -541,38 +578,41 @@ pub fn session() -> Vec<Vec<u8>> {
     let rdwr = libc::O_RDWR as u32;
     let file_io = |conf| {
         Script::new(conf)
-            .req(lookup(0, b"file.txt"))
-            .req(Getattr { node: 1, fh: 0 })
+            .req(lookup(NodeId::new(0), b"file.txt"))
+            .req(Getattr {
+                node: NodeId::new(1),
+                fh: None,
+            })
             .req(Open {
-                node: 1,
+                node: NodeId::new(1),
                 flags: rdwr,
             })
-            .req(read(1, 1, 4096))
+            .req(read(NodeId::new(1), HandleId::new(1), 4096))
             .req(Write {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 offset: 5,
                 data: b(b"XYZ"),
             })
             .req(Lseek {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 offset: 0,
                 whence: libc::SEEK_END as u32,
             })
             .req(Fsync {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 datasync: false,
             })
             .req(Flush {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 lock_owner: 1,
             })
             .req(Setattr {
-                node: 1,
-                fh: 0,
+                node: NodeId::new(1),
+                fh: None,
                 set: SetAttr {
                     valid: setattr_valid::SIZE | setattr_valid::MODE,
                     mode: 0o600,
@@ -584,73 +624,92 @@ pub fn session() -> Vec<Vec<u8>> {
                 },
             })
             .req(Fallocate {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 offset: 0,
                 length: 8192,
                 mode: 0,
             })
-            .req(read(1, 0, 100))
-            .req(Release { node: 1, fh: 1 })
+            .req(read(NodeId::new(1), None, 100))
+            .req(Release {
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
+            })
             .req(Access {
-                node: 1,
+                node: NodeId::new(1),
                 mask: libc::R_OK as u32,
             })
-            .req(Statfs { node: 0 })
-            .req(Forget {
-                nodes: vec![(1, 1)],
+            .req(Statfs {
+                node: NodeId::new(0),
             })
-            .req(Getattr { node: 1, fh: 0 })
+            .req(Forget {
+                nodes: vec![(NodeId::new(1), 1)],
+            })
+            .req(Getattr {
+                node: NodeId::new(1),
+                fh: None,
+            })
             .done()
     };
     let dirs = Script::new(0)
-        .req(lookup(0, b"dir"))
-        .req(Opendir { node: 1, flags: 0 })
-        .req(readdir(1, 1, true))
-        .req(Releasedir { node: 1, fh: 1 })
-        .req(readdir(0, 0, false))
-        .req(readdir(0, 0, true))
+        .req(lookup(NodeId::new(0), b"dir"))
+        .req(Opendir {
+            node: NodeId::new(1),
+            flags: 0,
+        })
+        .req(readdir(NodeId::new(1), HandleId::new(1), true))
+        .req(Releasedir {
+            node: NodeId::new(1),
+            fh: HandleId::new(1),
+        })
+        .req(readdir(NodeId::new(0), None, false))
+        .req(readdir(NodeId::new(0), None, true))
         .req(Mkdir {
-            parent: 0,
+            parent: NodeId::new(0),
             name: b(b"newdir"),
             mode: 0o755,
             umask: 0o022,
         })
         .req(Rename {
-            parent: 0,
+            parent: NodeId::new(0),
             name: b(b"newdir"),
-            new_parent: 1,
+            new_parent: NodeId::new(1),
             new_name: b(b"moved"),
             flags: 0,
         })
         .req(Rename {
-            parent: 0,
+            parent: NodeId::new(0),
             name: b(b"file.txt"),
-            new_parent: 0,
+            new_parent: NodeId::new(0),
             new_name: b(b"empty"),
             flags: libc::RENAME_EXCHANGE,
         })
         .req(Rmdir {
-            parent: 1,
+            parent: NodeId::new(1),
             name: b(b"moved"),
         })
         .req(Fsyncdir {
-            node: 1,
-            fh: 0,
+            node: NodeId::new(1),
+            fh: None,
             datasync: true,
         })
-        .req(lookup(1, b"sub"))
-        .req(lookup(2, b"deep.txt"))
+        .req(lookup(NodeId::new(1), b"sub"))
+        .req(lookup(NodeId::new(2), b"deep.txt"))
         .done();
     let escape = |conf| {
         Script::new(conf)
-            .req(lookup(0, b"escape"))
-            .req(Readlink { node: 1 })
-            .req(Open { node: 1, flags: 0 })
-            .req(read(1, 0, 4096))
+            .req(lookup(NodeId::new(0), b"escape"))
+            .req(Readlink {
+                node: NodeId::new(1),
+            })
+            .req(Open {
+                node: NodeId::new(1),
+                flags: 0,
+            })
+            .req(read(NodeId::new(1), None, 4096))
             .req(Setattr {
-                node: 1,
-                fh: 0,
+                node: NodeId::new(1),
+                fh: None,
                 set: SetAttr {
                     valid: setattr_valid::SIZE,
                     mode: 0,
@@ -662,153 +721,167 @@ pub fn session() -> Vec<Vec<u8>> {
                 },
             })
             .req(Link {
-                node: 1,
-                new_parent: 0,
+                node: NodeId::new(1),
+                new_parent: NodeId::new(0),
                 new_name: b(b"hard"),
             })
-            .req(lookup(0, b"hard"))
-            .req(lookup(0, b"outlink"))
-            .req(lookup(2, b"secret"))
-            .req(Opendir { node: 2, flags: 0 })
-            .req(readdir(2, 0, true))
-            .req(lookup(0, b"rootlink"))
-            .req(lookup(3, b"etc"))
-            .req(readdir(3, 0, false))
-            .req(lookup(0, b".."))
-            .req(lookup(0, b"../outside/secret"))
+            .req(lookup(NodeId::new(0), b"hard"))
+            .req(lookup(NodeId::new(0), b"outlink"))
+            .req(lookup(NodeId::new(2), b"secret"))
+            .req(Opendir {
+                node: NodeId::new(2),
+                flags: 0,
+            })
+            .req(readdir(NodeId::new(2), None, true))
+            .req(lookup(NodeId::new(0), b"rootlink"))
+            .req(lookup(NodeId::new(3), b"etc"))
+            .req(readdir(NodeId::new(3), None, false))
+            .req(lookup(NodeId::new(0), b".."))
+            .req(lookup(NodeId::new(0), b"../outside/secret"))
             .req(Getxattr {
-                node: 1,
+                node: NodeId::new(1),
                 name: b(b"user.x"),
                 size: 0,
             })
-            .req(lookup(0, b"file.txt"))
+            .req(lookup(NodeId::new(0), b"file.txt"))
             .req(CopyFileRange {
-                node_in: 1,
-                fh_in: 0,
+                node_in: NodeId::new(1),
+                fh_in: None,
                 offset_in: 0,
-                node_out: 4,
-                fh_out: 0,
+                node_out: NodeId::new(4),
+                fh_out: None,
                 offset_out: 0,
                 len: 32,
                 flags: 0,
             })
             .req(Create {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"escape"),
                 mode: 0o644,
                 umask: 0,
                 flags: rdwr,
             })
             .req(Symlink {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"s2"),
                 target: b(b"../outside/secret"),
             })
             .req(Rename {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"outlink"),
-                new_parent: 0,
+                new_parent: NodeId::new(0),
                 new_name: b(b"dir"),
                 flags: 0,
             })
-            .req(lookup(0, b"dir"))
-            .req(lookup(5, b"up"))
-            .req(lookup(6, b"note.txt"))
+            .req(lookup(NodeId::new(0), b"dir"))
+            .req(lookup(NodeId::new(5), b"up"))
+            .req(lookup(NodeId::new(6), b"note.txt"))
             .done()
     };
     let create = |conf| {
         Script::new(conf)
             .req(Create {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"new.txt"),
                 mode: 0o644,
                 umask: 0o022,
                 flags: rdwr,
             })
             .req(Write {
-                node: 1,
-                fh: 1,
+                node: NodeId::new(1),
+                fh: HandleId::new(1),
                 offset: 0,
                 data: b(b"some new data for the file"),
             })
             .req(CopyFileRange {
-                node_in: 1,
-                fh_in: 1,
+                node_in: NodeId::new(1),
+                fh_in: HandleId::new(1),
                 offset_in: 0,
-                node_out: 1,
-                fh_out: 1,
+                node_out: NodeId::new(1),
+                fh_out: HandleId::new(1),
                 offset_out: 100,
                 len: 10,
                 flags: 0,
             })
-            .req(read(1, 1, 200))
+            .req(read(NodeId::new(1), HandleId::new(1), 200))
             .req(Link {
-                node: 1,
-                new_parent: 0,
+                node: NodeId::new(1),
+                new_parent: NodeId::new(0),
                 new_name: b(b"new-link"),
             })
             .req(Unlink {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"new.txt"),
             })
             .req(Symlink {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"sl"),
                 target: b(b"file.txt"),
             })
-            .req(Readlink { node: 2 })
+            .req(Readlink {
+                node: NodeId::new(2),
+            })
             .req(Mknod {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"fifo"),
                 mode: libc::S_IFIFO | 0o644,
                 rdev: 0,
                 umask: 0,
             })
             .req(Mknod {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"dev"),
                 mode: libc::S_IFCHR | 0o644,
                 rdev: 0x0103,
                 umask: 0,
             })
             .req(Mknod {
-                parent: 0,
+                parent: NodeId::new(0),
                 name: b(b"plain"),
                 mode: libc::S_IFREG | 0o600,
                 rdev: 0,
                 umask: 0,
             })
             .req(Open {
-                node: 3,
+                node: NodeId::new(3),
                 flags: (libc::O_WRONLY | libc::O_TRUNC) as u32,
             })
             .done()
     };
     let xattrs = Script::new(0)
-        .req(lookup(0, b"file.txt"))
+        .req(lookup(NodeId::new(0), b"file.txt"))
         .req(Setxattr {
-            node: 1,
+            node: NodeId::new(1),
             name: b(b"user.tag"),
             value: b(b"value"),
             flags: 0,
         })
         .req(Getxattr {
-            node: 1,
+            node: NodeId::new(1),
             name: b(b"user.tag"),
             size: 0,
         })
         .req(Getxattr {
-            node: 1,
+            node: NodeId::new(1),
             name: b(b"user.tag"),
             size: 64,
         })
-        .req(Listxattr { node: 1, size: 0 })
-        .req(Listxattr { node: 1, size: 256 })
+        .req(Listxattr {
+            node: NodeId::new(1),
+            size: 0,
+        })
+        .req(Listxattr {
+            node: NodeId::new(1),
+            size: 256,
+        })
         .req(Removexattr {
-            node: 1,
+            node: NodeId::new(1),
             name: b(b"user.tag"),
         })
-        .req(Listxattr { node: 0, size: 256 })
+        .req(Listxattr {
+            node: NodeId::new(0),
+            size: 256,
+        })
         .done();
     let misc = Script::new(0)
         .req(Ping)
@@ -816,11 +889,18 @@ pub fn session() -> Vec<Vec<u8>> {
         .req(Hello(hello()))
         .raw(99, 0, &[0; 12])
         .raw(3, FLAG_NO_REPLY, &[])
-        .req(lookup(0, b"dir"))
+        .req(lookup(NodeId::new(0), b"dir"))
         .req(Forget {
-            nodes: vec![(1, 1), (0, 1), (5000, 3)],
+            nodes: vec![
+                (NodeId::new(1), 1),
+                (NodeId::new(0), 1),
+                (NodeId::new(5000), 3),
+            ],
         })
-        .req(Getattr { node: 1, fh: 0 })
+        .req(Getattr {
+            node: NodeId::new(1),
+            fh: None,
+        })
         // Truncated: a protocol error, which ends the session.
         .raw(Op::Lookup as u16, 0, &[0; 15])
         .req(Ping)

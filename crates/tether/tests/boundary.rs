@@ -39,8 +39,8 @@ use common::Server;
 use tether_client::Connection;
 use tether_proto::handshake::features;
 use tether_proto::{
-    setattr_valid, Caller, Entry, NodeId, Reply, Request, SetAttr, SetTime, Timespec, WireErrno,
-    ROOT_NODE,
+    setattr_valid, Caller, Entry, HandleId, NodeId, Reply, Request, SetAttr, SetTime, Timespec,
+    WireErrno, ROOT_NODE,
 };
 use tether_transport::Address;
 
@@ -393,8 +393,9 @@ impl Guard {
         data.windows(self.marker.len()).any(|w| w == self.marker)
     }
 
-    fn outside_ino(&self, ino: u64) -> bool {
-        self.outside_inos.contains(&ino)
+    /// (The export's node ids are the host's inode numbers.)
+    fn outside_ino(&self, ino: NodeId) -> bool {
+        self.outside_inos.contains(&ino.get())
     }
 
     fn entry_leak(&self, e: &Entry) -> Option<String> {
@@ -613,7 +614,7 @@ impl Fixture {
             "ping on a fresh connection",
         );
         let f = c.lookup(ROOT_CALLER, ROOT_NODE, "f");
-        let data = c.read(ROOT_CALLER, f.node, 0);
+        let data = c.read(ROOT_CALLER, f.node, None);
         assert_eq!(data, b"inside file\n", "reading f on a fresh connection");
     }
 }
@@ -684,7 +685,7 @@ impl Client {
     }
 
     #[track_caller]
-    fn open(&self, caller: Caller, node: NodeId, flags: i32) -> u64 {
+    fn open(&self, caller: Caller, node: NodeId, flags: i32) -> HandleId {
         match self.call(
             caller,
             &Request::Open {
@@ -698,20 +699,20 @@ impl Client {
     }
 
     #[track_caller]
-    fn opendir(&self, caller: Caller, node: NodeId) -> u64 {
+    fn opendir(&self, caller: Caller, node: NodeId) -> HandleId {
         match self.call(caller, &Request::Opendir { node, flags: 0 }) {
             Ok(Reply::Open { fh, .. }) => fh,
             other => panic!("opendir {node}: {}", errname(&other)),
         }
     }
 
-    fn release(&self, node: NodeId, fh: u64) {
-        let _ = self.call(ROOT_CALLER, &Request::Release { node, fh });
+    fn release(&self, node: NodeId, fh: HandleId) {
+        let _ = self.call(ROOT_CALLER, &Request::Release { node, fh: Some(fh) });
     }
 
-    /// Reads up to 64 KiB at offset 0 through `fh` (0: by node).
+    /// Reads up to 64 KiB at offset 0 through `fh` (None: by node).
     #[track_caller]
-    fn read(&self, caller: Caller, node: NodeId, fh: u64) -> Vec<u8> {
+    fn read(&self, caller: Caller, node: NodeId, fh: Option<HandleId>) -> Vec<u8> {
         match self.call(
             caller,
             &Request::Read {
@@ -722,7 +723,7 @@ impl Client {
             },
         ) {
             Ok(Reply::Data(d)) => d.to_vec(),
-            other => panic!("read {node}/{fh}: {}", errname(&other)),
+            other => panic!("read {node}/{fh:?}: {}", errname(&other)),
         }
     }
 
@@ -733,7 +734,7 @@ impl Client {
             ROOT_CALLER,
             &Request::Readdir {
                 node,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 1 << 20,
                 plus: false,
@@ -1125,7 +1126,7 @@ fn device_nodes_whiteouts_and_bad_symlink_targets_are_refused() {
 fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
     use Request::*;
     let mut v: Vec<(String, Request)> = vec![
-        ("getattr".into(), Getattr { node: n, fh: 0 }),
+        ("getattr".into(), Getattr { node: n, fh: None }),
         ("readlink".into(), Readlink { node: n }),
         (
             "mknod".into(),
@@ -1215,7 +1216,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "read by node".into(),
             Read {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 4096,
             },
@@ -1224,7 +1225,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "write by node".into(),
             Write {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 data: nm("pwned"),
             },
@@ -1234,7 +1235,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "fsync".into(),
             Fsync {
                 node: n,
-                fh: 0,
+                fh: None,
                 datasync: false,
             },
         ),
@@ -1274,7 +1275,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "readdir by node".into(),
             Readdir {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 65536,
                 plus: false,
@@ -1284,7 +1285,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "readdirplus by node".into(),
             Readdir {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 65536,
                 plus: true,
@@ -1294,7 +1295,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "fsyncdir".into(),
             Fsyncdir {
                 node: n,
-                fh: 0,
+                fh: None,
                 datasync: true,
             },
         ),
@@ -1319,7 +1320,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "fallocate by node".into(),
             Fallocate {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 length: 4096,
                 mode: 0,
@@ -1329,7 +1330,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "lseek by node".into(),
             Lseek {
                 node: n,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 whence: libc::SEEK_END as u32,
             },
@@ -1338,10 +1339,10 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "copy_file_range from".into(),
             CopyFileRange {
                 node_in: n,
-                fh_in: 0,
+                fh_in: None,
                 offset_in: 0,
                 node_out: file,
-                fh_out: 0,
+                fh_out: None,
                 offset_out: 0,
                 len: 4096,
                 flags: 0,
@@ -1351,10 +1352,10 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             "copy_file_range to".into(),
             CopyFileRange {
                 node_in: file,
-                fh_in: 0,
+                fh_in: None,
                 offset_in: 0,
                 node_out: n,
-                fh_out: 0,
+                fh_out: None,
                 offset_out: 0,
                 len: 4096,
                 flags: 0,
@@ -1382,7 +1383,7 @@ fn node_ops(n: NodeId, file: NodeId) -> Vec<(String, Request)> {
             format!("setattr {what}"),
             Setattr {
                 node: n,
-                fh: 0,
+                fh: None,
                 set,
             },
         ));
@@ -1408,29 +1409,32 @@ fn node_ids_never_issued_or_forgotten_are_stale() {
     let ino = |p: &Path| fs::symlink_metadata(p).unwrap().ino();
     let export_before = fx.export_snapshot();
     let bad: Vec<(String, NodeId)> = vec![
-        ("0".into(), 0),
-        ("2".into(), 2),
-        ("u64::MAX".into(), u64::MAX),
-        ("2^63 (first synthetic id)".into(), 1 << 63),
-        ("2^63 + 1".into(), (1 << 63) + 1),
+        ("0".into(), NodeId::new(0)),
+        ("2".into(), NodeId::new(2)),
+        ("u64::MAX".into(), NodeId::new(u64::MAX)),
+        ("2^63 (first synthetic id)".into(), NodeId::new(1 << 63)),
+        ("2^63 + 1".into(), NodeId::new((1 << 63) + 1)),
         (
             "the inode of outside/secret".into(),
-            ino(&fx.outside.join("secret")),
+            NodeId::new(ino(&fx.outside.join("secret"))),
         ),
-        ("the inode of outside".into(), ino(&fx.outside)),
+        ("the inode of outside".into(), NodeId::new(ino(&fx.outside))),
         (
             "the inode of outside/sub".into(),
-            ino(&fx.outside.join("sub")),
+            NodeId::new(ino(&fx.outside.join("sub"))),
         ),
-        ("the inode of the export's parent".into(), ino(&fx.root)),
+        (
+            "the inode of the export's parent".into(),
+            NodeId::new(ino(&fx.root)),
+        ),
         (
             "the inode of the export root itself".into(),
-            ino(&fx.export),
+            NodeId::new(ino(&fx.export)),
         ),
-        ("the inode of /".into(), ino(Path::new("/"))),
+        ("the inode of /".into(), NodeId::new(ino(Path::new("/")))),
         (
             "a file never looked up".into(),
-            ino(&fx.export.join("unissued")),
+            NodeId::new(ino(&fx.export.join("unissued"))),
         ),
         ("a forgotten node".into(), gone.node),
         ("another session's node".into(), theirs.node),
@@ -1506,7 +1510,7 @@ fn a_bind_sent_again_in_a_new_session_finds_makes_or_refuses_the_file() {
     assert_eq!(c.lookup(ROOT_CALLER, ROOT_NODE, "again").node, unbound);
     let write = Request::Write {
         node: unbound,
-        fh: 0,
+        fh: None,
         offset: 0,
         data: nm("written by node\n"),
     };
@@ -1514,7 +1518,8 @@ fn a_bind_sent_again_in_a_new_session_finds_makes_or_refuses_the_file() {
     assert_eq!(fs::read(&host).unwrap(), b"written by node\n");
     // Another file has the name: refused, whatever the id.
     let export_before = fx.export_snapshot();
-    for node in [unbound + 1_000_003, ino_of(&fx.outside.join("secret"))] {
+    let outside = ino_of(&fx.outside.join("secret"));
+    for node in [NodeId::new(unbound.get() + 1_000_003), NodeId::new(outside)] {
         expect_err(&bind(&c, "f", node), WireErrno::EEXIST, "bind over f");
     }
     assert_same("the export", &export_before, &fx.export_snapshot());
@@ -1545,14 +1550,14 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
     let fd = fresh.lookup(ROOT_CALLER, ROOT_NODE, "d");
 
     let export_before = fx.export_snapshot();
-    let file_io = |node: NodeId, fh: u64| -> Vec<(&'static str, Request)> {
+    let file_io = |node: NodeId, fh: HandleId| -> Vec<(&'static str, Request)> {
         use Request::*;
         vec![
             (
                 "read",
                 Read {
                     node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     size: 4096,
                 },
@@ -1561,7 +1566,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 "write",
                 Write {
                     node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     data: nm("pwned"),
                 },
@@ -1570,7 +1575,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 "fallocate",
                 Fallocate {
                     node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     length: 1 << 20,
                     mode: 0,
@@ -1580,7 +1585,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 "lseek",
                 Lseek {
                     node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     whence: libc::SEEK_END as u32,
                 },
@@ -1589,10 +1594,10 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 "copy_file_range in",
                 CopyFileRange {
                     node_in: node,
-                    fh_in: fh,
+                    fh_in: Some(fh),
                     offset_in: 0,
                     node_out: node,
-                    fh_out: 0,
+                    fh_out: None,
                     offset_out: 100,
                     len: 10,
                     flags: 0,
@@ -1602,10 +1607,10 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 "copy_file_range out",
                 CopyFileRange {
                     node_in: node,
-                    fh_in: 0,
+                    fh_in: None,
                     offset_in: 0,
                     node_out: node,
-                    fh_out: fh,
+                    fh_out: Some(fh),
                     offset_out: 100,
                     len: 10,
                     flags: 0,
@@ -1615,8 +1620,8 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
     };
     for caller in CALLERS {
         for (label, fh) in [
-            ("never issued", 12345),
-            ("u64::MAX", u64::MAX),
+            ("never issued", HandleId::new(12345).unwrap()),
+            ("u64::MAX", HandleId::new(u64::MAX).unwrap()),
             ("released", released),
         ] {
             for (op, req) in file_io(f.node, fh) {
@@ -1630,7 +1635,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 caller,
                 &Request::Readdir {
                     node: d.node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     size: 65536,
                     plus: true,
@@ -1645,7 +1650,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 caller,
                 &Request::Fsync {
                     node: f.node,
-                    fh,
+                    fh: Some(fh),
                     datasync: false,
                 },
             );
@@ -1667,7 +1672,7 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
             caller,
             &Request::Readdir {
                 node: fd.node,
-                fh: their_fh,
+                fh: Some(their_fh),
                 offset: 0,
                 size: 65536,
                 plus: false,
@@ -1704,9 +1709,9 @@ fn handles_never_issued_released_or_of_the_wrong_kind_are_refused() {
                 plus,
             };
             // A file handle as a directory handle.
-            let r = c.call(caller, &readdir(f.node, file_fh));
+            let r = c.call(caller, &readdir(f.node, Some(file_fh)));
             expect_err(&r, WireErrno::ENOTDIR, "readdir with a file handle");
-            let r = c.call(caller, &readdir(d.node, file_fh));
+            let r = c.call(caller, &readdir(d.node, Some(file_fh)));
             expect_err(&r, WireErrno::EBADF, "readdir with another node's handle");
         }
     }
@@ -1770,7 +1775,7 @@ fn operations_on_the_wrong_kind_of_node_fail() {
             caller,
             &Read {
                 node: d.node,
-                fh,
+                fh: Some(fh),
                 offset: 0,
                 size: 4096,
             },
@@ -1910,7 +1915,7 @@ fn symlink_attacks(fx: Fixture) {
                 caller,
                 &Getattr {
                     node: e.node,
-                    fh: 0,
+                    fh: None,
                 },
             ) {
                 Ok(Reply::Attr(a)) => assert_eq!(a.mode & libc::S_IFMT, libc::S_IFLNK),
@@ -1987,7 +1992,7 @@ fn symlink_attacks(fx: Fixture) {
         ROOT_CALLER,
         &Readdir {
             node: ROOT_NODE,
-            fh: 0,
+            fh: None,
             offset: 0,
             size: 1 << 20,
             plus: true,
@@ -2104,7 +2109,7 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
         }) {
             if let Ok(Reply::Data(d)) = call(Read {
                 node,
-                fh,
+                fh: Some(fh),
                 offset: 0,
                 size: 4096,
             }) {
@@ -2115,31 +2120,36 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
             if flags != libc::O_RDONLY {
                 call(Write {
                     node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     data: nm("pwned by handle\n"),
                 })
                 .ok();
             }
-            call(Release { node, fh }).ok();
+            call(Release { node, fh: Some(fh) }).ok();
         }
     }
     call(Read {
         node,
-        fh: 0,
+        fh: None,
         offset: 0,
         size: 4096,
     })
     .ok();
     call(Write {
         node,
-        fh: 0,
+        fh: None,
         offset: 0,
         data: nm("pwned by node\n"),
     })
     .ok();
     for (_, set) in setattr_kinds() {
-        call(Setattr { node, fh: 0, set }).ok();
+        call(Setattr {
+            node,
+            fh: None,
+            set,
+        })
+        .ok();
     }
     call(Setxattr {
         node,
@@ -2162,7 +2172,7 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
     .ok();
     call(Fallocate {
         node,
-        fh: 0,
+        fh: None,
         offset: 0,
         length: 8192,
         mode: 0,
@@ -2170,7 +2180,7 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
     .ok();
     call(Lseek {
         node,
-        fh: 0,
+        fh: None,
         offset: 0,
         whence: libc::SEEK_END as u32,
     })
@@ -2182,17 +2192,17 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
     .ok();
     call(Fsync {
         node,
-        fh: 0,
+        fh: None,
         datasync: false,
     })
     .ok();
     // Copy whatever it holds into a file inside, then read that back.
     call(CopyFileRange {
         node_in: node,
-        fh_in: 0,
+        fh_in: None,
         offset_in: 0,
         node_out: scratch,
-        fh_out: 0,
+        fh_out: None,
         offset_out: 0,
         len: 4096,
         flags: 0,
@@ -2200,17 +2210,17 @@ fn poke_file(c: &Client, caller: Caller, node: NodeId, scratch: NodeId, stats: &
     .ok();
     call(Read {
         node: scratch,
-        fh: 0,
+        fh: None,
         offset: 0,
         size: 65536,
     })
     .ok();
     call(CopyFileRange {
         node_in: scratch,
-        fh_in: 0,
+        fh_in: None,
         offset_in: 0,
         node_out: node,
-        fh_out: 0,
+        fh_out: None,
         offset_out: 0,
         len: 16,
         flags: 0,
@@ -2337,7 +2347,7 @@ fn dir_race_client(c: &Client, tid: usize, deadline: Instant, marker: &[u8], sta
         for plus in [false, true] {
             call(Readdir {
                 node: p,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 16384,
                 plus,
@@ -2347,13 +2357,17 @@ fn dir_race_client(c: &Client, tid: usize, deadline: Instant, marker: &[u8], sta
         if let Ok(Reply::Open { fh, .. }) = call(Opendir { node: p, flags: 0 }) {
             call(Readdir {
                 node: p,
-                fh,
+                fh: Some(fh),
                 offset: 0,
                 size: 16384,
                 plus: true,
             })
             .ok();
-            call(Releasedir { node: p, fh }).ok();
+            call(Releasedir {
+                node: p,
+                fh: Some(fh),
+            })
+            .ok();
         }
         // Its attributes and xattrs.
         call(Getxattr {
@@ -2378,7 +2392,7 @@ fn dir_race_client(c: &Client, tid: usize, deadline: Instant, marker: &[u8], sta
             if set.valid & setattr_valid::SIZE == 0 {
                 call(Setattr {
                     node: p,
-                    fh: 0,
+                    fh: None,
                     set,
                 })
                 .ok();
@@ -2555,7 +2569,11 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
         for (what, set) in setattr_kinds() {
             reqs.push((
                 format!("setattr {what} on the {label}"),
-                Setattr { node, fh: 0, set },
+                Setattr {
+                    node,
+                    fh: None,
+                    set,
+                },
             ));
         }
     }
@@ -2564,7 +2582,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             format!("setattr {what} by handle"),
             Setattr {
                 node: f.node,
-                fh: rfh,
+                fh: Some(rfh),
                 set,
             },
         ));
@@ -2649,7 +2667,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             new_name: nm("f2"),
         },
     ));
-    for (label, fh) in [("by handle", rfh), ("by node", 0)] {
+    for (label, fh) in [("by handle", Some(rfh)), ("by node", None)] {
         reqs.push((
             format!("write {label}"),
             Write {
@@ -2692,7 +2710,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             format!("copy_file_range {label}"),
             CopyFileRange {
                 node_in: xf.node,
-                fh_in: 0,
+                fh_in: None,
                 offset_in: 0,
                 node_out: f.node,
                 fh_out: fh,
@@ -2791,7 +2809,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             ROOT_CALLER,
             &Write {
                 node: f.node,
-                fh,
+                fh: Some(fh),
                 offset: 0,
                 data: nm("x"),
             },
@@ -2810,8 +2828,8 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
     );
 
     // Reads still work.
-    assert_eq!(c.read(ROOT_CALLER, f.node, rfh), b"inside file\n");
-    assert_eq!(c.read(USER_CALLER, f.node, 0), b"inside file\n");
+    assert_eq!(c.read(ROOT_CALLER, f.node, Some(rfh)), b"inside file\n");
+    assert_eq!(c.read(USER_CALLER, f.node, None), b"inside file\n");
     let names = c.list(ROOT_NODE);
     for want in ["f", "d", "xf", "up"] {
         assert!(
@@ -2823,7 +2841,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
         ROOT_CALLER,
         &Readdir {
             node: d.node,
-            fh: dfh,
+            fh: Some(dfh),
             offset: 0,
             size: 65536,
             plus: true,
@@ -2857,7 +2875,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             "getattr",
             Getattr {
                 node: f.node,
-                fh: 0,
+                fh: None,
             },
         ),
         ("statfs", Statfs { node: ROOT_NODE }),
@@ -2865,7 +2883,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             "lseek",
             Lseek {
                 node: f.node,
-                fh: rfh,
+                fh: Some(rfh),
                 offset: 0,
                 whence: libc::SEEK_END as u32,
             },
@@ -2888,7 +2906,7 @@ fn read_only_export_refuses_every_mutation_whatever_the_client_sends() {
             "fsync",
             Fsync {
                 node: f.node,
-                fh: rfh,
+                fh: Some(rfh),
                 datasync: false,
             },
         ),
@@ -3028,7 +3046,7 @@ fn listing_the_export_root_does_not_reveal_its_host_parent() {
             ROOT_CALLER,
             &Request::Readdir {
                 node: ROOT_NODE,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 1 << 20,
                 plus,
@@ -3038,7 +3056,8 @@ fn listing_the_export_root_does_not_reveal_its_host_parent() {
                 let dotdot = v.iter().find(|de| &de.name[..] == b"..");
                 if let Some(de) = dotdot {
                     assert_ne!(
-                        de.ino, parent_ino,
+                        de.ino.get(),
+                        parent_ino,
                         "\"..\" of the export root carries the inode number of the host \
                          directory above the export"
                     );
@@ -3076,7 +3095,7 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "fsync by node",
             Fsync {
                 node: fifo,
-                fh: 0,
+                fh: None,
                 datasync: false,
             },
         ),
@@ -3084,7 +3103,7 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "read by node",
             Read {
                 node: fifo,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 size: 16,
             },
@@ -3093,7 +3112,7 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "write by node",
             Write {
                 node: fifo,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 data: nm("x"),
             },
@@ -3102,7 +3121,7 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "fallocate by node",
             Fallocate {
                 node: fifo,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 length: 16,
                 mode: 0,
@@ -3112,7 +3131,7 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "lseek by node",
             Lseek {
                 node: fifo,
-                fh: 0,
+                fh: None,
                 offset: 0,
                 whence: libc::SEEK_SET as u32,
             },
@@ -3121,10 +3140,10 @@ fn io_addressed_to_a_fifo_does_not_block_the_server() {
             "copy_file_range from it",
             CopyFileRange {
                 node_in: fifo,
-                fh_in: 0,
+                fh_in: None,
                 offset_in: 0,
                 node_out: f.node,
-                fh_out: 0,
+                fh_out: None,
                 offset_out: 0,
                 len: 16,
                 flags: 0,
@@ -3167,7 +3186,7 @@ fn a_reused_inode_number_is_a_new_node_generation() {
     for i in 0..500 {
         let p = fx.export.join(format!("new-{i}"));
         fs::write(&p, "new life\n").unwrap();
-        if fs::metadata(&p).unwrap().ino() == old.node {
+        if fs::metadata(&p).unwrap().ino() == old.node.get() {
             reused = Some(format!("new-{i}"));
             break;
         }
@@ -3188,7 +3207,7 @@ fn a_reused_inode_number_is_a_new_node_generation() {
             ROOT_CALLER,
             &Request::Getattr {
                 node: old.node,
-                fh: 0
+                fh: None
             }
         )
         .map(|_| ()),

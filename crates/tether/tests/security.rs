@@ -408,7 +408,7 @@ fn tcp_proofs_are_checked_cannot_be_replayed_and_come_before_any_request() {
             2,
             &Request::Getattr {
                 node: ROOT_NODE,
-                fh: 0
+                fh: None
             }
         ),
         Ok(Reply::Attr(_))
@@ -440,7 +440,7 @@ fn tcp_proofs_are_checked_cannot_be_replayed_and_come_before_any_request() {
     early.send(
         &Request::Getattr {
             node: ROOT_NODE,
-            fh: 0,
+            fh: None,
         }
         .to_frame(1, me()),
     );
@@ -886,7 +886,7 @@ fn a_directory_handle_lists_only_its_own_node() {
                 3,
                 &Request::Readdir {
                     node: sub.node,
-                    fh,
+                    fh: Some(fh),
                     offset: 0,
                     size: 4096,
                     plus
@@ -900,7 +900,7 @@ fn a_directory_handle_lists_only_its_own_node() {
             4,
             &Request::Readdir {
                 node: ROOT_NODE,
-                fh,
+                fh: Some(fh),
                 offset: 0,
                 size: 4096,
                 plus: true
@@ -941,7 +941,7 @@ fn open_handles_are_capped_per_client() {
             30,
             &Request::Releasedir {
                 node: ROOT_NODE,
-                fh: handles[0]
+                fh: Some(handles[0])
             }
         ),
         Ok(Reply::Empty)
@@ -968,7 +968,7 @@ fn a_flood_from_one_client_does_not_starve_another() {
     let mut flooder = RawClient::ready(&addr);
     let frame = Request::Getattr {
         node: ROOT_NODE,
-        fh: 0,
+        fh: None,
     }
     .to_frame(1, me());
     let burst: Vec<u8> = frame
@@ -1003,7 +1003,7 @@ fn a_flood_from_one_client_does_not_starve_another() {
                 me(),
                 &Request::Getattr {
                     node: ROOT_NODE,
-                    fh: 0
+                    fh: None
                 }
             ),
             Ok(Reply::Attr(_))
