@@ -217,6 +217,30 @@ mod tests {
     use super::*;
 
     /// The end marker is the byte 1 alone: anything else is left for `finish` to refuse.
+    /// 0 on the wire is no handle (and no known node where one may be unknown); a handle
+    /// that must be there (OPEN's reply) is refused as 0.
+    #[test]
+    fn zero_is_none_for_optional_ids_and_refused_for_an_issued_handle() {
+        let zero = || Decoder::new(Bytes::from_static(&[0; 8]));
+        assert_eq!(zero().handle(), Ok(None));
+        assert_eq!(zero().maybe_node(), Ok(None));
+        assert_eq!(zero().node(), Ok(NodeId::new(0)));
+        assert_eq!(
+            zero().issued_handle(),
+            Err(DecodeError::Invalid {
+                field: "fh",
+                value: 0
+            })
+        );
+        let mut e = Encoder::default();
+        e.handle(None).maybe_node(None).handle(HandleId::new(7));
+        let mut d = Decoder::new(Bytes::from(e.buf));
+        assert_eq!(d.handle(), Ok(None));
+        assert_eq!(d.maybe_node(), Ok(None));
+        assert_eq!(d.issued_handle(), Ok(HandleId::new(7).unwrap()));
+        assert_eq!(d.finish(), Ok(()));
+    }
+
     #[test]
     fn a_marker_is_the_byte_one_and_nothing_else() {
         let mut d = Decoder::new(Bytes::from_static(&[1]));
