@@ -104,12 +104,16 @@ impl Portable {
                 Err(e) => return Err(e),
             }
         }
-        // Deleted (or moving too fast): only what the node descriptor allows.
-        if flags & libc::O_ACCMODE == libc::O_RDONLY && flags & libc::O_TRUNC == 0 {
+        // Deleted (or moving too fast): the node descriptor itself, if it allows the access
+        // (shared with it, which positioned I/O does not mind; O_APPEND is not set on it).
+        let held = fd_access(fd);
+        let want = flags & libc::O_ACCMODE;
+        if held == Some(libc::O_RDWR) || held == Some(want) {
             if let Ok(f) = dup(fd) {
-                if !object::is_object(f.as_fd()) {
-                    return Ok(f);
+                if flags & libc::O_TRUNC != 0 {
+                    sys::ftruncate(f.as_fd(), 0)?;
                 }
+                return Ok(f);
             }
         }
         Err(if last == WireErrno::ENOENT {
@@ -141,6 +145,29 @@ pub fn fold_case(name: &[u8]) -> Vec<u8> {
         Ok(s) => s.to_lowercase().into_bytes(),
         Err(_) => name.to_ascii_lowercase(),
     }
+}
+
+/// Writes zeros from `from` up to `to`.
+fn zero_fill(fd: BorrowedFd<'_>, from: u64, to: u64) -> SysResult<()> {
+    let zeros = vec![0u8; 64 * 1024];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        sys::pwrite(fd, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// The access mode (O_RDONLY, O_WRONLY, O_RDWR) descriptor `fd` was opened with; None for
+/// an object handle.
+fn fd_access(fd: BorrowedFd<'_>) -> Option<i32> {
+    if object::is_object(fd) {
+        return None;
+    }
+    // SAFETY: F_GETFL on a valid descriptor.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    (fl >= 0).then_some(fl & libc::O_ACCMODE)
 }
 
 fn dup(fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
@@ -381,9 +408,16 @@ impl Backend for Portable {
                 }
             }
             S_IFREG => {
-                let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-                match sys::openat(dir, &name, flags, 0) {
-                    Err(WireErrno::EACCES) => object::open(dir, &name),
+                // Read-write where the server may: a file deleted on the host while the
+                // guest has it open can then still be written (see `reopen_file`).
+                let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+                match sys::openat(dir, &name, flags | libc::O_RDWR, 0) {
+                    Err(WireErrno::EACCES | WireErrno::EROFS | WireErrno::ETXTBSY) => {
+                        match sys::openat(dir, &name, flags | libc::O_RDONLY, 0) {
+                            Err(WireErrno::EACCES) => object::open(dir, &name),
+                            r => r,
+                        }
+                    }
                     r => r,
                 }
             }
@@ -412,13 +446,15 @@ impl Backend for Portable {
     }
 
     fn node_of_open(&self, fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
-        // A read-only descriptor of its own, not a second one open for writing (which would
-        // keep the host from running the file: ETXTBSY).
+        // A descriptor of its own (not a duplicate sharing the guest's open flags).
         let st = sys::fstat(fd)?;
         if file_type(&st) == S_IFREG {
-            let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-            if let Ok(f) = self.reopen_file(fd, &st, flags) {
-                return Ok(f);
+            // Read-write where it may, as `open_node` does.
+            let flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+            for access in [libc::O_RDWR, libc::O_RDONLY] {
+                if let Ok(f) = self.reopen_file(fd, &st, flags | access) {
+                    return Ok(f);
+                }
             }
         }
         dup(fd)
@@ -573,23 +609,26 @@ impl Backend for Portable {
 
     /// Mode 0 makes the file at least `offset + len` long (macOS has no fallocate(2);
     /// F_PREALLOCATE there reserves the blocks too); KEEP_SIZE alone is a hint that may be
-    /// ignored; anything else (punching holes, zeroing ranges) is EOPNOTSUPP.
+    /// ignored. Punching a hole or zeroing a range writes zeros (what reads then return;
+    /// the blocks stay allocated). Anything else is EOPNOTSUPP.
     fn fallocate(&self, fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
         let end = offset.checked_add(len).ok_or(WireErrno::EFBIG)?;
         if len == 0 {
             return Err(WireErrno::EINVAL);
         }
-        match mode {
+        let keep = mode & wire::FALLOC_FL_KEEP_SIZE != 0;
+        let size = sys::fstat(fd)?.st_size as u64;
+        match mode & !wire::FALLOC_FL_KEEP_SIZE {
             0 => {
                 object::preallocate(fd, offset, len);
-                if sys::fstat(fd)?.st_size < end as i64 {
+                if !keep && size < end {
                     sys::ftruncate(fd, end)?;
                 }
                 Ok(())
             }
-            wire::FALLOC_FL_KEEP_SIZE => {
-                object::preallocate(fd, offset, len);
-                Ok(())
+            wire::FALLOC_FL_PUNCH_HOLE if keep => zero_fill(fd, offset, end.min(size)),
+            wire::FALLOC_FL_ZERO_RANGE => {
+                zero_fill(fd, offset, if keep { end.min(size) } else { end })
             }
             _ => Err(WireErrno::EOPNOTSUPP),
         }
@@ -642,9 +681,11 @@ impl Backend for Portable {
     fn readahead(&self, _fd: BorrowedFd<'_>, _len: usize) {}
 
     fn getxattr(&self, fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-        let Some(host) = xattr_name(name) else {
-            return Err(WireErrno::ENODATA);
-        };
+        let host = xattr_name(name).map_err(|e| match e {
+            // Other name spaces have nothing to find here.
+            WireErrno::EPERM => WireErrno::ENODATA,
+            e => e,
+        })?;
         if object::is_object(fd) {
             return Err(WireErrno::ENODATA);
         }
@@ -670,9 +711,10 @@ impl Backend for Portable {
     }
 
     fn setxattr(&self, fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
-        let Some(host) = xattr_name(name) else {
-            return Err(WireErrno::EOPNOTSUPP);
-        };
+        let host = xattr_name(name).map_err(|e| match e {
+            WireErrno::EPERM => WireErrno::EOPNOTSUPP,
+            e => e,
+        })?;
         if object::is_object(fd) {
             // Linux allows user.* only on regular files and directories.
             return Err(WireErrno::EPERM);
@@ -681,9 +723,10 @@ impl Backend for Portable {
     }
 
     fn removexattr(&self, fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
-        let Some(host) = xattr_name(name) else {
-            return Err(WireErrno::ENODATA);
-        };
+        let host = xattr_name(name).map_err(|e| match e {
+            WireErrno::EPERM => WireErrno::ENODATA,
+            e => e,
+        })?;
         if object::is_object(fd) {
             return Err(WireErrno::ENODATA);
         }
@@ -777,17 +820,26 @@ impl Backend for Portable {
     }
 }
 
-/// The host's name of the guest's extended attribute `name`: the `user.` name space only
-/// (None for the others).
-fn xattr_name(name: &CStr) -> Option<CString> {
-    let rest = name.to_bytes().strip_prefix(b"user.")?;
+/// The host's name of the guest's extended attribute `name`: the `user.` name space only.
+/// EPERM stands for another known name space (security., trusted., system.: not kept on
+/// a portable host), EOPNOTSUPP for an unknown one, EINVAL for "user." alone.
+fn xattr_name(name: &CStr) -> SysResult<CString> {
+    let bytes = name.to_bytes();
+    let Some(rest) = bytes.strip_prefix(b"user.") else {
+        let known = [&b"security."[..], b"trusted.", b"system."];
+        return Err(if known.iter().any(|k| bytes.starts_with(k)) {
+            WireErrno::EPERM
+        } else {
+            WireErrno::EOPNOTSUPP
+        });
+    };
     if rest.is_empty() {
-        return None;
+        return Err(WireErrno::EINVAL);
     }
     #[cfg(target_os = "macos")]
-    return CString::new(rest).ok();
+    return CString::new(rest).map_err(|_| WireErrno::EINVAL);
     #[cfg(not(target_os = "macos"))]
-    Some(name.to_owned())
+    Ok(name.to_owned())
 }
 
 /// The guest's list of names (NUL-separated) for the host's list `raw`.

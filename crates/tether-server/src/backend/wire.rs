@@ -12,6 +12,8 @@ pub const RENAME_EXCHANGE: u32 = 2;
 
 /// fallocate(2)'s mode bits as the wire carries them.
 pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
+pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 
 /// setxattr(2)'s flags as the wire carries them.
 pub const XATTR_CREATE: i32 = 1;
@@ -137,6 +139,8 @@ mod tests {
         assert_eq!(RENAME_NOREPLACE, libc::RENAME_NOREPLACE);
         assert_eq!(RENAME_EXCHANGE, libc::RENAME_EXCHANGE);
         assert_eq!(FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_KEEP_SIZE);
+        assert_eq!(FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_PUNCH_HOLE);
+        assert_eq!(FALLOC_FL_ZERO_RANGE, libc::FALLOC_FL_ZERO_RANGE);
         assert_eq!(XATTR_CREATE, libc::XATTR_CREATE);
         assert_eq!(XATTR_REPLACE, libc::XATTR_REPLACE);
         assert_eq!(SEEK_DATA, libc::SEEK_DATA);
