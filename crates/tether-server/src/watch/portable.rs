@@ -191,8 +191,11 @@ impl PortableWatcher {
             // A directory moved or went: watched paths below it changed.
             dirs.stale = true;
         }
+        // FSEvents reports no close: a modification it reports (coalesced, once the writes
+        // of a moment are done) is told as the writes and their close, which is what guest
+        // tools wait for (inotify's CLOSE_WRITE).
         let bits = (if e.flags & flags::MODIFIED != 0 {
-            changed::MODIFY
+            changed::MODIFY | changed::CLOSE_WRITE
         } else {
             0
         }) | (if e.flags & flags::META != 0 {
