@@ -675,6 +675,10 @@ impl Backend for Portable {
                 return Ok(false);
             }
         }
+        drop(listing);
+        // Read to the end: the snapshot is not kept (a later call reads the directory
+        // again), so closed streams leave none behind.
+        self.listings.remove(&key);
         Ok(true)
     }
 
@@ -1166,5 +1170,147 @@ mod object {
     pub fn restore_creds(_old: (u32, u32)) {
         // SAFETY: as above.
         unsafe { pthread_setugid_np(KAUTH_UID_NONE, KAUTH_UID_NONE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn cstr(s: &str) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    fn dir_fd(p: &std::path::Path) -> OwnedFd {
+        let c = cstr(p.to_str().unwrap());
+        sys::openat(cwd(), &c, libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap()
+    }
+
+    fn lock(typ: i32, start: i64, len: i64) -> RangeLock {
+        RangeLock::request(typ, start, len)
+    }
+
+    /// Two owners (open descriptions) of one file exclude each other as OFD locks do; one
+    /// owner's own locks never conflict; closing an owner drops its locks.
+    #[test]
+    fn byte_range_locks_are_per_owner_and_go_with_its_close() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"0123456789").unwrap();
+        let host: Arc<dyn Backend> = Arc::new(Portable::new(false));
+        let dir = dir_fd(d.path());
+        let node = host.open_node(dir.as_fd(), &cstr("f")).unwrap();
+        let open = || {
+            let fd = host.reopen(node.as_fd(), libc::O_RDWR).unwrap();
+            super::super::LockFd::new(fd, host.clone())
+        };
+        let (a, b) = (open(), open());
+        let w = libc::F_WRLCK as i32;
+        let r = libc::F_RDLCK as i32;
+        host.setlk(a.as_fd(), &lock(w, 0, 5)).unwrap();
+        host.setlk(a.as_fd(), &lock(r, 0, 10)).unwrap(); // its own: converted
+        assert_eq!(
+            host.setlk(b.as_fd(), &lock(w, 4, 1)),
+            Err(WireErrno::EAGAIN)
+        );
+        host.setlk(b.as_fd(), &lock(r, 0, 10)).unwrap(); // read locks share
+        assert_eq!(host.setlk(a.as_fd(), &lock(w, 12, 1)), Ok(()));
+        let c = host.getlk(b.as_fd(), &lock(w, 11, 0)).unwrap().unwrap();
+        assert_eq!((c.typ as i32, c.start, c.len, c.pid), (w, 12, 1, -1));
+        // Unlocking the middle of a range keeps its ends.
+        host.setlk(b.as_fd(), &lock(libc::F_UNLCK as i32, 0, 0))
+            .unwrap();
+        host.setlk(a.as_fd(), &lock(libc::F_UNLCK as i32, 3, 2))
+            .unwrap();
+        assert!(host.getlk(b.as_fd(), &lock(w, 3, 2)).unwrap().is_none());
+        assert!(host.getlk(b.as_fd(), &lock(w, 2, 1)).unwrap().is_some());
+        assert!(host.getlk(b.as_fd(), &lock(w, 5, 1)).unwrap().is_some());
+        drop(a);
+        assert!(host.getlk(b.as_fd(), &lock(w, 0, 0)).unwrap().is_none());
+        host.setlk(b.as_fd(), &lock(w, 0, 0)).unwrap();
+    }
+
+    /// A file is reopened by its path, checked by inode; once deleted, through the node
+    /// descriptor; a rename in between is followed.
+    #[test]
+    fn files_are_reopened_by_path_and_after_deletion_through_the_node() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"data").unwrap();
+        let host = Portable::new(false);
+        let dir = dir_fd(d.path());
+        let node = host.open_node(dir.as_fd(), &cstr("f")).unwrap();
+        std::fs::rename(d.path().join("f"), d.path().join("g")).unwrap();
+        let f = host.reopen(node.as_fd(), libc::O_RDONLY).unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(host.pread(f.as_fd(), &mut buf, 0).unwrap(), 4);
+        // Another file at the old name is never opened in its place.
+        std::fs::write(d.path().join("f"), b"other").unwrap();
+        std::fs::remove_file(d.path().join("g")).unwrap();
+        let w = host.reopen(node.as_fd(), libc::O_WRONLY).unwrap();
+        host.pwrite(w.as_fd(), b"DATA!", 0).unwrap();
+        assert_eq!(host.pread(f.as_fd(), &mut buf, 0).unwrap(), 5);
+        assert_eq!(&buf[..5], b"DATA!");
+        assert_eq!(std::fs::read(d.path().join("f")).unwrap(), b"other");
+    }
+
+    /// Symlinks and FIFOs are nodes too; a symlink is never followed.
+    #[test]
+    fn symlinks_and_fifos_are_held_without_being_opened_through() {
+        let d = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.path().join("l")).unwrap();
+        let fifo = cstr(d.path().join("p").to_str().unwrap());
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let host = Portable::new(false);
+        let dir = dir_fd(d.path());
+        let l = host.open_node(dir.as_fd(), &cstr("l")).unwrap();
+        assert_eq!(host.readlink(l.as_fd()).unwrap(), b"/etc/passwd");
+        assert_eq!(
+            file_type(&host.stat(l.as_fd()).unwrap()),
+            super::super::S_IFLNK
+        );
+        assert!(host.reopen(l.as_fd(), libc::O_RDONLY).is_err());
+        let p = host.open_node(dir.as_fd(), &cstr("p")).unwrap();
+        host.chmod_node(p.as_fd(), 0o640).unwrap();
+        let mode = std::fs::symlink_metadata(d.path().join("p")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o640
+        );
+    }
+
+    #[cfg(not(target_os = "macos"))]
+    #[test]
+    fn xattr_name_spaces() {
+        assert_eq!(xattr_name(&cstr("user.a")), Ok(cstr("user.a")));
+        assert_eq!(xattr_name(&cstr("user.")), Err(WireErrno::EINVAL));
+        assert_eq!(xattr_name(&cstr("security.selinux")), Err(WireErrno::EPERM));
+        assert_eq!(xattr_name(&cstr("trusted.x")), Err(WireErrno::EPERM));
+        assert_eq!(xattr_name(&cstr("other.x")), Err(WireErrno::EOPNOTSUPP));
+        assert_eq!(
+            guest_xattr_list(b"user.a\0security.b\0user.c\0"),
+            b"user.a\0user.c\0"
+        );
+    }
+
+    /// The case-insensitive stand-in finds a name in another case, prefers the exact one,
+    /// and leaves a missing name as it is.
+    #[test]
+    fn case_insensitive_names_are_found_in_any_case() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("README"), b"r").unwrap();
+        std::fs::write(d.path().join("Ünïcode"), b"u").unwrap();
+        let host = Portable::new(true);
+        let dir = dir_fd(d.path());
+        let ino = |n: &str| host.stat_at(dir.as_fd(), &cstr(n)).map(|s| s.st_ino);
+        assert_eq!(ino("readme"), ino("README"));
+        assert_eq!(ino("üNÏCODE"), ino("Ünïcode"));
+        assert_eq!(ino("nothere"), Err(WireErrno::ENOENT));
+        assert_eq!(
+            host.mkdir_at(dir.as_fd(), &cstr("Readme"), 0o755),
+            Err(WireErrno::EEXIST)
+        );
+        host.unlink_at(dir.as_fd(), &cstr("readme"), 0).unwrap();
+        assert!(!d.path().join("README").exists());
     }
 }
