@@ -73,6 +73,11 @@ impl Node {
         (self.location.lock().unwrap().as_ref()).map(|l| l.parent)
     }
 
+    /// The directory and name the node was last seen under.
+    pub fn location(&self) -> Option<(NodeId, CString)> {
+        (self.location.lock().unwrap().as_ref()).map(|l| (l.parent, l.name.clone()))
+    }
+
     /// Whether the name the node was last seen under ends with `suffix`.
     pub fn name_ends_with(&self, suffix: &[u8]) -> bool {
         (self.location.lock().unwrap().as_ref())

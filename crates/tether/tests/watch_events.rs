@@ -142,11 +142,6 @@ macro_rules! require_inotifywait {
 #[test]
 fn inotifywait_hears_every_kind_of_host_change() {
     require_mount!();
-    if common::skipped_for_portable(
-        "FSEvents reports paths without rename cookies: a host rename reaches guest watchers as a deletion and a creation, not IN_MOVED_FROM/IN_MOVED_TO (docs/macos.md)",
-    ) {
-        return;
-    }
     require_inotifywait!();
     let t = TestMount::start();
     let (h, g) = (&t.export, &t.mnt);
@@ -284,11 +279,6 @@ fn changes_through_another_mount_are_heard() {
 #[test]
 fn python_watchdog_hears_host_changes() {
     require_mount!();
-    if common::skipped_for_portable(
-        "FSEvents reports paths without rename cookies: a host rename reaches guest watchers as a deletion and a creation, not IN_MOVED_FROM/IN_MOVED_TO (docs/macos.md)",
-    ) {
-        return;
-    }
     let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
         Command::new(p)
             .args(["-c", "import watchdog.observers.inotify"])

@@ -47,6 +47,9 @@ struct Collector {
     changed_at: HashMap<(NodeId, Vec<u8>), usize>,
     /// rename cookie -> index of the provisional `Deleted` event its first half left.
     moved_from: HashMap<u32, usize>,
+    /// For a watcher without cookies: (dir, name) -> index of its `Deleted` event, which a
+    /// creation of the same file elsewhere in the batch turns into a rename.
+    deleted_at: HashMap<(NodeId, Vec<u8>), usize>,
     /// Directory paths resolved in this batch, and the export root's own path.
     paths: HashMap<NodeId, Option<Bytes>>,
     root: Option<Option<Vec<u8>>>,
@@ -344,6 +347,7 @@ impl Watch {
         } else {
             crate::backend::S_IFREG
         };
+        let mut was_at = None;
         if matches!(change, NameChange::Created | NameChange::MovedTo) {
             if let Ok(st) = CString::new(name)
                 .map_err(|_| ())
@@ -351,6 +355,11 @@ impl Watch {
             {
                 node = self.nodes.id_for(st.st_dev as u64, st.st_ino);
                 file_type = crate::backend::file_type(&st);
+                if !self.watcher.pairs_renames() {
+                    was_at = (self.nodes.find(st.st_dev as u64, st.st_ino))
+                        .and_then(|n| n.location())
+                        .map(|(p, n)| (p, n.into_bytes()));
+                }
             }
         }
         let mut event = HostEvent {
@@ -362,8 +371,29 @@ impl Watch {
             kind: EventKind::Created,
         };
         match change {
-            NameChange::Created => {}
-            NameChange::Deleted => event.kind = EventKind::Deleted,
+            NameChange::Created => {
+                // Without cookies: the creation of a file whose old name this batch deleted
+                // is its rename (FSEvents reports both paths of a rename, in that order).
+                if let Some(at) = was_at.and_then(|key| c.deleted_at.remove(&key)) {
+                    let from = &c.out.events[at];
+                    if from.dir != dir || from.name.as_ref() != name {
+                        event.kind = EventKind::Moved {
+                            from_dir: from.dir,
+                            from_path: from.dir_path.clone(),
+                            from_name: from.name.clone(),
+                        };
+                        c.out.events[at] = event;
+                        return;
+                    }
+                }
+            }
+            NameChange::Deleted => {
+                event.kind = EventKind::Deleted;
+                if !self.watcher.pairs_renames() {
+                    c.deleted_at
+                        .insert((dir, name.to_vec()), c.out.events.len());
+                }
+            }
             NameChange::MovedFrom => {
                 // Provisional: becomes the rename when its other half comes, else stays a
                 // deletion (moved out of what the client holds).
