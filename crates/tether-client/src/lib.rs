@@ -12,23 +12,42 @@
 //! - [`restore`], [`mount`]: putting it together; `control` (the mount process's socket),
 //!   [`status`] and [`sync`]: what the CLI asks of a running mount.
 
+// Only the connection (`tether check`) builds on other hosts: the rest is the FUSE mount,
+// which is Linux's.
+#[cfg(target_os = "linux")]
 pub mod cache;
+#[cfg(target_os = "linux")]
 pub mod client;
+#[cfg(target_os = "linux")]
 mod control;
+#[cfg(target_os = "linux")]
 pub mod fuse;
+#[cfg(target_os = "linux")]
 pub mod invalidate;
+#[cfg(target_os = "linux")]
 mod kernel_ids;
+#[cfg(target_os = "linux")]
 pub mod known;
+#[cfg(target_os = "linux")]
 pub mod mount;
+#[cfg(target_os = "linux")]
 pub mod restore;
 pub mod rpc;
+#[cfg(target_os = "linux")]
 pub mod status;
+#[cfg(target_os = "linux")]
 pub mod sync;
+#[cfg(target_os = "linux")]
 mod sys;
+#[cfg(target_os = "linux")]
 pub mod write;
 
+#[cfg(target_os = "linux")]
 pub use cache::coherence::Coherence;
+#[cfg(target_os = "linux")]
 pub use client::Client;
+#[cfg(target_os = "linux")]
 pub use fuse::fs::{CachePolicy, TetherFs};
 pub use rpc::Connection;
+#[cfg(target_os = "linux")]
 pub use write::mode::WriteMode;

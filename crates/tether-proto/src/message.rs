@@ -159,21 +159,25 @@ pub mod lock_type {
     pub const WRITE: u8 = 2;
 
     /// The wire type for fcntl's F_RDLCK, F_WRLCK (anything else: UNLOCK).
+    // The casts are needed on Darwin, where the constants are i16.
+    #[allow(clippy::unnecessary_cast)]
     pub fn from_fcntl(typ: i32) -> u8 {
+        // The constants are i16 on Darwin and i32 on Linux.
         match typ {
-            libc::F_RDLCK => READ,
-            libc::F_WRLCK => WRITE,
+            t if t == libc::F_RDLCK as i32 => READ,
+            t if t == libc::F_WRLCK as i32 => WRITE,
             _ => UNLOCK,
         }
     }
 
     /// fcntl's type for a wire type.
+    #[allow(clippy::unnecessary_cast)]
     pub fn to_fcntl(typ: u8) -> i32 {
-        match typ {
+        (match typ {
             READ => libc::F_RDLCK,
             WRITE => libc::F_WRLCK,
             _ => libc::F_UNLCK,
-        }
+        }) as i32
     }
 }
 

@@ -8,6 +8,10 @@
 //! host's file system calls). [`drain`] is the graceful shutdown the server and its
 //! sessions share.
 
+// libc's types differ between the hosts (mode_t is u16, dev_t i32 and the F_*LCK constants
+// i16 on macOS): casts that do nothing on Linux are needed on macOS.
+#![allow(clippy::unnecessary_cast)]
+
 pub mod backend;
 pub mod drain;
 pub mod export;
@@ -21,6 +25,6 @@ pub mod watch;
 mod tests;
 
 pub use drain::Drain;
-pub use export::{Export, ExportOptions, IdMap};
+pub use export::{BackendKind, Export, ExportOptions, IdMap};
 pub use server::{serve, ServeOptions};
 pub use session::{run_session, SessionLimits};

@@ -62,15 +62,20 @@ pub struct Node {
 
 impl Node {
     pub fn is_dir(&self) -> bool {
-        self.kind == libc::S_IFDIR
+        self.kind == crate::backend::S_IFDIR
     }
     pub fn is_symlink(&self) -> bool {
-        self.kind == libc::S_IFLNK
+        self.kind == crate::backend::S_IFLNK
     }
 
     /// The directory the node was last seen in.
     pub fn parent(&self) -> Option<NodeId> {
         (self.location.lock().unwrap().as_ref()).map(|l| l.parent)
+    }
+
+    /// The directory and name the node was last seen under.
+    pub fn location(&self) -> Option<(NodeId, CString)> {
+        (self.location.lock().unwrap().as_ref()).map(|l| (l.parent, l.name.clone()))
     }
 
     /// Whether the name the node was last seen under ends with `suffix`.
@@ -82,9 +87,9 @@ impl Node {
     /// Whether `st` (with birth time `birth`) is this node's file, not a later one that got
     /// the same inode number.
     pub fn same_file(&self, st: &libc::stat, birth: Option<(i64, u32)>) -> bool {
-        st.st_dev == self.dev
+        st.st_dev as u64 == self.dev
             && st.st_ino == self.ino
-            && st.st_mode & libc::S_IFMT == self.kind
+            && crate::backend::file_type(st) == self.kind
             && (self.birth.is_none() || birth.is_none() || self.birth == birth)
     }
 
@@ -228,7 +233,7 @@ impl NodeTable {
             foreign: DashMap::new(),
             any_reused: AtomicBool::new(false),
             next_foreign: AtomicU64::new(FOREIGN_BASE),
-            root_dev: st.st_dev,
+            root_dev: st.st_dev as u64,
             root_ino: st.st_ino,
             budget: budget.clone(),
             host: host.clone(),
@@ -236,9 +241,9 @@ impl NodeTable {
         let root = Arc::new(Node {
             id: ROOT_NODE,
             generation: 0,
-            dev: st.st_dev,
+            dev: st.st_dev as u64,
             ino: st.st_ino,
-            kind: libc::S_IFDIR,
+            kind: crate::backend::S_IFDIR,
             birth: (host.stat_born(root_fd.as_fd()))
                 .ok()
                 .and_then(|(_, birth)| birth),
@@ -291,6 +296,34 @@ impl NodeTable {
         NodeId::new(self.next_foreign.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// Every node last seen below directory `dir` (at any depth), with the directory and
+    /// name it was seen under: what a rescan of `dir` must invalidate. Walks the whole
+    /// table (a rescan is rare).
+    pub fn below(&self, dir: NodeId) -> Vec<(NodeId, NodeId, CString)> {
+        let mut children: std::collections::HashMap<NodeId, Vec<(NodeId, CString)>> =
+            std::collections::HashMap::new();
+        for e in self.nodes.iter() {
+            if let Some(l) = e.value().location.lock().unwrap().as_ref() {
+                children
+                    .entry(l.parent)
+                    .or_default()
+                    .push((*e.key(), l.name.clone()));
+            }
+        }
+        let mut out = Vec::new();
+        let mut todo = vec![dir];
+        let mut seen = std::collections::HashSet::from([dir]);
+        while let Some(d) = todo.pop() {
+            for (child, name) in children.remove(&d).unwrap_or_default() {
+                if seen.insert(child) {
+                    todo.push(child);
+                }
+                out.push((child, d, name));
+            }
+        }
+        out
+    }
+
     pub fn get(&self, id: NodeId) -> SysResult<Arc<Node>> {
         self.nodes
             .get(&id)
@@ -308,13 +341,13 @@ impl NodeTable {
         parent: NodeId,
         name: CString,
     ) -> (Arc<Node>, bool) {
-        let mut id = self.id_for(st.st_dev, st.st_ino);
+        let mut id = self.id_for(st.st_dev as u64, st.st_ino);
         // A held node whose descriptor was evicted may be an older file with this number,
         // and one with another inode number holds it as a stand-in (`remember_unnamed_as`).
         let held = self.nodes.get(&id).map(|n| n.clone());
         if let Some(old) = held.filter(|n| !n.has_fd() || n.ino != st.st_ino) {
             if !old.same_file(st, birth) {
-                id = self.reassign(st.st_dev, st.st_ino, id);
+                id = self.reassign(st.st_dev as u64, st.st_ino, id);
             }
         }
         let location = Location { parent, name };
@@ -351,10 +384,10 @@ impl NodeTable {
     /// client holds once. It has no descriptor here and no location, so every request for
     /// it fails with ESTALE until it is found by a name ([`NodeTable::remember`]).
     pub fn remember_unnamed(&self, (st, birth): (&libc::stat, Option<(i64, u32)>)) -> Arc<Node> {
-        let mut id = self.id_for(st.st_dev, st.st_ino);
+        let mut id = self.id_for(st.st_dev as u64, st.st_ino);
         if self.nodes.contains_key(&id) {
             // A held node of a file gone since, whose number this new one got.
-            id = self.reassign(st.st_dev, st.st_ino, id);
+            id = self.reassign(st.st_dev as u64, st.st_ino, id);
         }
         let node = Arc::new(self.new_node(id, st, birth));
         node.lookups.store(1, Ordering::Relaxed);
@@ -378,7 +411,7 @@ impl NodeTable {
             return None;
         };
         self.any_reused.store(true, Ordering::Relaxed);
-        self.foreign.insert((st.st_dev, st.st_ino), id);
+        self.foreign.insert((st.st_dev as u64, st.st_ino), id);
         let node = Arc::new(self.new_node(id, st, birth));
         node.lookups.store(1, Ordering::Relaxed);
         slot.insert(node.clone());
@@ -389,9 +422,9 @@ impl NodeTable {
         Node {
             id,
             generation: generation_of(birth),
-            dev: st.st_dev,
+            dev: st.st_dev as u64,
             ino: st.st_ino,
-            kind: st.st_mode & libc::S_IFMT,
+            kind: crate::backend::file_type(st),
             birth,
             fd: RwLock::new(None),
             location: Mutex::new(None),
@@ -450,7 +483,7 @@ impl NodeTable {
     /// The node the client holds for the file `name` in `dir`, if any.
     pub fn held_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> Option<Arc<Node>> {
         let st = self.host.stat_at(dir, name).ok()?;
-        self.find(st.st_dev, st.st_ino)
+        self.find(st.st_dev as u64, st.st_ino)
     }
 
     /// The node for a host inode, if the client holds it.

@@ -274,3 +274,112 @@ fn own_changes_in_a_new_directory_are_not_echoed_when_read_late() {
     let items = drain(&fs);
     assert!(items.is_empty(), "own changes came back: {items:?}");
 }
+
+/// The same as `a_host_write_just_before_a_rename_invalidates_the_file`, with the portable
+/// backend and its FSEvents-like watcher (paths only, no cookies).
+#[test]
+fn with_the_portable_watcher_a_host_write_before_a_rename_invalidates_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::write(&a, b"old content").unwrap();
+    let opts = ExportOptions {
+        backend: crate::export::BackendKind::Portable,
+        ..ExportOptions::default()
+    };
+    let export = Export::open(dir.path(), &opts).unwrap();
+    let fs = ExportFs::new(export, true, false, (0, 0)).unwrap();
+    let node = lookup(&fs, b"a");
+    drain(&fs);
+    let f = std::fs::OpenOptions::new().write(true).open(&a).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"new", 0).unwrap();
+    drop(f);
+    std::fs::rename(&a, &b).unwrap();
+    let items = drain(&fs);
+    assert!(
+        items.contains(&Invalidation::Inode(node)),
+        "the renamed file's node {node} was not invalidated: {items:?}"
+    );
+    assert!(items.contains(&Invalidation::Entry {
+        parent: ROOT_NODE,
+        name: Bytes::from_static(b"a"),
+    }));
+}
+
+/// A watcher that reports the events it is given, once.
+struct Scripted(std::sync::Mutex<Vec<crate::watch::WatchEvent>>);
+
+impl crate::watch::Watcher for Scripted {
+    fn watch_dir(&self, _node: NodeId, _fd: &std::os::fd::OwnedFd) -> bool {
+        true
+    }
+    fn unwatch(&self, _node: NodeId, _fd: Option<&std::os::fd::OwnedFd>) {}
+    fn wait(&self, _timeout: Duration) -> bool {
+        true
+    }
+    fn drain(&self) -> std::io::Result<crate::watch::Batch> {
+        let events = std::mem::take(&mut *self.0.lock().unwrap());
+        Ok(crate::watch::Batch::Events(events, Default::default()))
+    }
+    fn tells_writers(&self) -> bool {
+        false
+    }
+    fn made_unnamed(&self, _ino: u64) {}
+}
+
+/// FSEvents' "must scan subdirectories" for a directory invalidates everything the client
+/// holds there and below: the directory, each name and each node.
+#[test]
+fn a_rescan_invalidates_everything_held_below_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("d/e")).unwrap();
+    std::fs::write(dir.path().join("d/e/f"), b"x").unwrap();
+    std::fs::write(dir.path().join("g"), b"x").unwrap();
+    let fs = watched_session(dir.path());
+    let caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    let look = |parent, name: &'static [u8]| {
+        let req = Request::Lookup {
+            parent,
+            name: Bytes::from_static(name),
+        };
+        match ops::dispatch(&fs, caller, req).unwrap() {
+            Reply::Entry(e) => e.node,
+            other => panic!("lookup: {other:?}"),
+        }
+    };
+    let d = look(ROOT_NODE, b"d");
+    let e = look(d, b"e");
+    let f = look(e, b"f");
+    let g = look(ROOT_NODE, b"g");
+    let rescan = crate::watch::WatchEvent {
+        dir: d,
+        name: None,
+        change: crate::watch::Change::Rescan,
+    };
+    let watch = crate::watch::coalesce::Watch::new(
+        Box::new(Scripted(std::sync::Mutex::new(vec![rescan]))),
+        fs.nodes.clone(),
+        fs.export.host.clone(),
+        false,
+    );
+    let items = watch.queued_changes().items;
+    let entry = |parent, name: &'static [u8]| Invalidation::Entry {
+        parent,
+        name: Bytes::from_static(name),
+    };
+    for inv in [
+        Invalidation::Inode(d),
+        entry(d, b"e"),
+        Invalidation::Inode(e),
+        entry(e, b"f"),
+        Invalidation::Inode(f),
+    ] {
+        assert!(items.contains(&inv), "{inv:?} missing from {items:?}");
+    }
+    // Nothing outside the directory.
+    assert!(!items.contains(&Invalidation::Inode(g)), "{items:?}");
+    assert!(!items.contains(&entry(ROOT_NODE, b"g")), "{items:?}");
+}

@@ -380,6 +380,7 @@ impl Stream {
 }
 
 /// The credentials of the process at the other end of a Unix socket.
+#[cfg(target_os = "linux")]
 pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
     let fd = s.as_raw_fd();
     let mut cred = libc::ucred {
@@ -423,6 +424,46 @@ pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
         uid: cred.uid,
         gid: cred.gid,
         groups,
+    })
+}
+
+/// The credentials of the process at the other end of a Unix socket: getpeereid(3) and
+/// LOCAL_PEERPID (macOS has no SO_PEERCRED; the supplementary groups are not told).
+#[cfg(not(target_os = "linux"))]
+pub fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
+    let fd = s.as_raw_fd();
+    let (mut uid, mut gid) = (0, 0);
+    // SAFETY: uid and gid are writable for the call.
+    if unsafe { libc::getpeereid(fd, &mut uid, &mut gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[cfg(any(target_os = "macos", target_os = "ios"))]
+    let pid = {
+        let mut pid: libc::pid_t = 0;
+        let mut len = std::mem::size_of::<libc::pid_t>() as libc::socklen_t;
+        // SAFETY: pid and len describe a valid, writable pid_t.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_LOCAL,
+                libc::LOCAL_PEERPID,
+                (&mut pid as *mut libc::pid_t).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            pid
+        } else {
+            0
+        }
+    };
+    #[cfg(not(any(target_os = "macos", target_os = "ios")))]
+    let pid = 0;
+    Ok(PeerCred {
+        pid,
+        uid,
+        gid,
+        groups: Vec::new(),
     })
 }
 

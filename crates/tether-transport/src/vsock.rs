@@ -10,7 +10,9 @@
 //! Only Linux has AF_VSOCK here; elsewhere every call fails with `Unsupported`.
 
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+#[cfg(target_os = "linux")]
+use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// The CID a listener binds to accept connections from any peer (`vsock:PORT`).

@@ -1,9 +1,11 @@
 //! `tether`: serve a folder on the host, mount it in a guest.
 
+#[cfg(target_os = "linux")]
 mod mount_helper;
 mod secret;
 
 use std::ffi::OsString;
+#[cfg(target_os = "linux")]
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,15 +14,35 @@ use std::thread;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+#[cfg(target_os = "linux")]
 use tether_bench::print_out;
+#[cfg(target_os = "linux")]
 use tether_client::mount::{
     check_mount_point, mounted_at, retrying_while_busy, unmount, MountOptions, MountPointCheck,
     Mounted, Unmounter,
 };
-use tether_client::rpc::{ConnectError, ConnectOptions, Redial};
-use tether_client::{CachePolicy, Client, Coherence, Connection, WriteMode};
-use tether_server::{Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
+#[cfg(target_os = "linux")]
+use tether_client::rpc::Redial;
+use tether_client::rpc::{ConnectError, ConnectOptions};
+use tether_client::Connection;
+#[cfg(target_os = "linux")]
+use tether_client::{CachePolicy, Client, Coherence, WriteMode};
+use tether_server::{BackendKind, Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
+
+/// The guest side is Linux's (FUSE): elsewhere `--writes` is only parsed.
+#[cfg(not(target_os = "linux"))]
+type WriteMode = String;
+
+/// Writes `text` to standard output; a closed pipe is not an error.
+#[cfg(not(target_os = "linux"))]
+fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +107,16 @@ enum Command {
         /// Clients served at once; further connections are closed with a logged reason.
         #[arg(long, default_value_t = 128)]
         max_sessions: usize,
+        /// The host calls to serve with: linux (O_PATH, openat2, statx, OFD locks, inotify
+        /// and fanotify; the default on Linux) or portable (only calls macOS has too, and a
+        /// watcher with FSEvents' semantics; the default elsewhere, and on Linux how the
+        /// macOS code is tested: docs/macos.md).
+        #[arg(long, value_parser = parse_backend, default_value = DEFAULT_BACKEND)]
+        backend: BackendKind,
+        /// Tests only (with --backend portable): find names whatever their case, as a
+        /// case-insensitive host file system (APFS, HFS+, NTFS) does (docs/macos.md).
+        #[arg(long, hide = true)]
+        case_insensitive: bool,
     },
     /// Mount a served folder at MOUNTPOINT (in the guest); runs until unmounted or Ctrl-C.
     /// With files open under the mount, Ctrl-C unmounts once they close; a second Ctrl-C
@@ -209,9 +241,27 @@ enum Command {
         force: bool,
     },
     /// Time the workloads users judge a shared folder by, in DIR and each --vs directory.
+    #[cfg(target_os = "linux")]
     Bench(tether_bench::BenchArgs),
     /// Measure how long host-side changes take to become visible through a mount.
+    #[cfg(target_os = "linux")]
     Latency(tether_bench::LatencyArgs),
+}
+
+#[cfg(target_os = "linux")]
+const DEFAULT_BACKEND: &str = "linux";
+#[cfg(not(target_os = "linux"))]
+const DEFAULT_BACKEND: &str = "portable";
+
+fn parse_backend(s: &str) -> Result<BackendKind, String> {
+    BackendKind::parse(s).ok_or_else(|| {
+        let names = if cfg!(target_os = "linux") {
+            "linux or portable"
+        } else {
+            "portable (the linux backend is Linux's)"
+        };
+        format!("unknown backend {s:?}: use {names}")
+    })
 }
 
 const SERVE_EXAMPLES: &str = "\
@@ -235,11 +285,16 @@ fstab (with /sbin/mount.tether -> tether):
   vsock:2:7070  /mnt/src  tether  _netdev,nofail,secret-file=/etc/tether/secret  0 0";
 
 fn main() -> ExitCode {
+    #[allow(unused_mut)]
     let mut args: Vec<OsString> = std::env::args_os().collect();
     // As mount(8)'s helper: `mount.tether SOURCE DIR [-sfnv] [-o OPTIONS]`.
+    #[cfg(target_os = "linux")]
     let helper = args
         .first()
         .is_some_and(|a| mount_helper::invoked_as_helper(a));
+    #[cfg(not(target_os = "linux"))]
+    let helper = false;
+    #[cfg(target_os = "linux")]
     if helper {
         match mount_helper::helper_args(&args[1..]) {
             Ok(call) if call.fake => {
@@ -255,6 +310,7 @@ fn main() -> ExitCode {
         }
     }
     // Set in a background mount's own process: the pipe to report on.
+    #[cfg(target_os = "linux")]
     mount_helper::take_ready_pipe();
     let cli = Cli::parse_from(&args);
     let default_level = match cli.verbose {
@@ -277,6 +333,7 @@ fn main() -> ExitCode {
         verbose: cli.verbose > 0,
     };
     let result = run(cli.command, context);
+    #[cfg(target_os = "linux")]
     if let Err(e) = &result {
         // A background mount that failed tells the waiting parent why.
         mount_helper::signal_failed(e);
@@ -329,6 +386,7 @@ fn drain_on_signals(
     Ok(())
 }
 
+#[cfg(target_os = "linux")]
 /// Stops the mount on SIGINT or SIGTERM. The first signal unmounts, or, while files are
 /// open under the mount, says so once and unmounts as soon as the last one closes; a
 /// second detaches the mount lazily (it leaves the namespace, open files keep working until
@@ -505,6 +563,7 @@ fn group_id(name: &str) -> Result<u32> {
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What `run` needs besides the command.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct RunContext {
     /// The command line after the program name (as tether's, for a mount.tether call), to
     /// run again for a background mount.
@@ -527,7 +586,12 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
             map_ids,
             handshake_timeout,
             max_sessions,
+            backend,
+            case_insensitive,
         } => {
+            if case_insensitive && backend != BackendKind::Portable {
+                bail!("--case-insensitive needs --backend portable");
+            }
             if !(0.01..=3600.0).contains(&handshake_timeout) {
                 bail!("--handshake-timeout must be between 0.01 and 3600 seconds");
             }
@@ -541,6 +605,8 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
                 max_node_fds,
                 max_handles,
                 id_map,
+                backend,
+                case_insensitive,
             };
             let Some(listen) = listen else {
                 // Through ssh, which authenticated the client: the session runs as the user
@@ -617,6 +683,15 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
             )?;
             Ok(())
         }
+        #[cfg(not(target_os = "linux"))]
+        Command::Mount { .. }
+        | Command::Status { .. }
+        | Command::Sync { .. }
+        | Command::Unmount { .. } => {
+            drop(context);
+            bail!("this command is the guest side (a FUSE file system): it needs Linux")
+        }
+        #[cfg(target_os = "linux")]
         Command::Mount {
             address,
             mountpoint,
@@ -748,11 +823,14 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
             conn.shut_down();
             Ok(())
         }
+        #[cfg(target_os = "linux")]
         Command::Status { mountpoint } => {
             print_out(&tether_client::status::query(&mountpoint)?)?;
             Ok(())
         }
+        #[cfg(target_os = "linux")]
         Command::Sync { mountpoint, quiet } => sync_mount(&mountpoint, quiet),
+        #[cfg(target_os = "linux")]
         Command::Unmount {
             mountpoint,
             lazy,
@@ -781,11 +859,14 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
                 anyhow::anyhow!("cannot unmount {shown}: {e}{hint}")
             })
         }
+        #[cfg(target_os = "linux")]
         Command::Bench(args) => tether_bench::run_bench(args),
+        #[cfg(target_os = "linux")]
         Command::Latency(args) => tether_bench::run_latency(args),
     }
 }
 
+#[cfg(target_os = "linux")]
 /// `tether sync MOUNTPOINT`: the freshness barrier (tether_client::sync).
 fn sync_mount(mountpoint: &std::path::Path, quiet: bool) -> Result<()> {
     let synced = tether_client::sync::sync(mountpoint)?;

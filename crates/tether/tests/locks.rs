@@ -170,6 +170,11 @@ impl TwoMounts {
 #[test]
 fn posix_byte_range_locks_exclude_the_host_and_another_mount() {
     require_mount!();
+    if common::skipped_for_portable(
+        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let mut h = Holder::take(py, "posix", &m.guest(), &["0", "10"]);
@@ -220,6 +225,11 @@ fn posix_byte_range_locks_exclude_the_host_and_another_mount() {
 #[test]
 fn flock_and_ofd_locks_exclude_the_host_and_another_mount() {
     require_mount!();
+    if common::skipped_for_portable(
+        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let mut h = Holder::take(py, "flock", &m.guest(), &[]);
@@ -377,6 +387,11 @@ fn a_signal_interrupts_a_blocked_lock() {
 #[test]
 fn closing_the_file_or_exiting_drops_the_lock() {
     require_mount!();
+    if common::skipped_for_portable(
+        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     for kind in ["posix", "flock", "ofd"] {
@@ -551,6 +566,11 @@ fn refused_locks_leave_no_descriptor_behind_on_the_server() {
 #[test]
 fn locks_are_taken_again_after_a_server_restart() {
     require_mount!();
+    if common::skipped_for_portable(
+        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let mut t = TestMount::start();
     for f in ["a", "b"] {
@@ -690,6 +710,11 @@ fn sqlite_bank(py: &str, journal: &str, dbs: &[PathBuf], host_db: &Path, txns: u
 #[test]
 fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
     require_mount!();
+    if common::skipped_for_portable(
+        "the host's SQLite must see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     // The second mount hears of no change (no pushed invalidations; it looks names and
     // attributes up every time but keeps a file's pages while it is open): only the
@@ -705,6 +730,11 @@ fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
 #[test]
 fn sqlite_wal_from_two_mounts_and_the_host_is_used_in_turns_and_stays_consistent() {
     require_mount!();
+    if common::skipped_for_portable(
+        "the host's SQLite must see the server's hold on the WAL index, a byte-range lock the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     // All start at once; whoever opens the WAL index first has it until its processes
@@ -782,6 +812,11 @@ fn try_db(py: &str, db: &Path) -> String {
 #[test]
 fn a_wal_database_is_refused_not_shared_across_guests_and_the_host() {
     require_mount!();
+    if common::skipped_for_portable(
+        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
+    ) {
+        return;
+    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let db = |dir: &Path| dir.join("bank.db");

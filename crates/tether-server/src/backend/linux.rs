@@ -6,7 +6,7 @@
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use super::sys;
+use super::{linux_sys, sys};
 use super::{At, Backend, Birth, RangeLock, SysResult, TakeEntry};
 use tether_proto::WireErrno;
 
@@ -30,7 +30,7 @@ impl Linux {
 
 impl Backend for Linux {
     fn open_node(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<OwnedFd> {
-        sys::open_path(dir, name)
+        linux_sys::open_path(dir, name)
     }
 
     fn open_dir_node(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<OwnedFd> {
@@ -38,7 +38,7 @@ impl Backend for Linux {
     }
 
     fn reopen(&self, fd: BorrowedFd<'_>, flags: i32) -> SysResult<OwnedFd> {
-        sys::openat(self.proc_fd.as_fd(), &sys::fd_name(fd), flags, 0)
+        sys::openat(self.proc_fd.as_fd(), &linux_sys::fd_name(fd), flags, 0)
     }
 
     fn node_of_open(&self, fd: BorrowedFd<'_>) -> SysResult<OwnedFd> {
@@ -64,7 +64,7 @@ impl Backend for Linux {
     }
 
     fn stat_born(&self, fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Birth)> {
-        sys::fstat_born(fd)
+        linux_sys::fstat_born(fd)
     }
 
     fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
@@ -76,19 +76,19 @@ impl Backend for Linux {
     }
 
     fn mount_root_device(&self, fd: BorrowedFd<'_>) -> SysResult<Option<(u32, u32)>> {
-        sys::mount_root_device(fd)
+        linux_sys::mount_root_device(fd)
     }
 
     fn fd_path(&self, fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
-        sys::fd_path(fd)
+        linux_sys::fd_path(fd)
     }
 
     fn readlink(&self, fd: BorrowedFd<'_>) -> SysResult<Vec<u8>> {
-        sys::readlink_fd(fd)
+        linux_sys::readlink_fd(fd)
     }
 
     fn access(&self, fd: BorrowedFd<'_>, mask: i32) -> SysResult<()> {
-        sys::faccessat(self.proc_fd.as_fd(), &sys::fd_name(fd), mask)
+        sys::faccessat(self.proc_fd.as_fd(), &linux_sys::fd_name(fd), mask, 0)
     }
 
     fn mkdir_at(&self, dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> SysResult<()> {
@@ -108,7 +108,7 @@ impl Backend for Linux {
     }
 
     fn rename_at(&self, from: At<'_>, to: At<'_>, flags: u32) -> SysResult<()> {
-        sys::renameat2(from, to, flags)
+        linux_sys::renameat2(from, to, flags)
     }
 
     fn link_open(&self, fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
@@ -117,7 +117,7 @@ impl Backend for Linux {
             if e == WireErrno::ENOENT || e == WireErrno::EPERM {
                 let proc_fd = self.proc_fd.as_fd();
                 let flags = libc::AT_SYMLINK_FOLLOW;
-                sys::linkat((proc_fd, &sys::fd_name(fd)), (dir, name), flags)
+                sys::linkat((proc_fd, &linux_sys::fd_name(fd)), (dir, name), flags)
             } else {
                 Err(e)
             }
@@ -125,7 +125,7 @@ impl Backend for Linux {
     }
 
     fn chmod_node(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
-        sys::fchmodat(self.proc_fd.as_fd(), &sys::fd_name(fd), mode)
+        sys::fchmodat(self.proc_fd.as_fd(), &linux_sys::fd_name(fd), mode, 0)
     }
 
     fn chmod(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
@@ -133,15 +133,15 @@ impl Backend for Linux {
     }
 
     fn chown(&self, fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
-        sys::fchown_empty(fd, uid, gid)
+        linux_sys::fchown_empty(fd, uid, gid)
     }
 
     fn utimens(&self, fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> SysResult<()> {
-        sys::utimens_empty(fd, times)
+        linux_sys::utimens_empty(fd, times)
     }
 
     fn truncate_node(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
-        sys::truncate_path(&sys::proc_path(fd), size)
+        linux_sys::truncate_path(&linux_sys::proc_path(fd), size)
     }
 
     fn truncate(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
@@ -161,7 +161,7 @@ impl Backend for Linux {
     }
 
     fn fallocate(&self, fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
-        sys::fallocate(fd, mode, offset, len)
+        linux_sys::fallocate(fd, mode, offset, len)
     }
 
     fn lseek(&self, fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
@@ -174,39 +174,39 @@ impl Backend for Linux {
         (fd_out, off_out): (BorrowedFd<'_>, u64),
         len: u64,
     ) -> SysResult<u64> {
-        sys::copy_file_range(fd_in, off_in, fd_out, off_out, len)
+        linux_sys::copy_file_range(fd_in, off_in, fd_out, off_out, len)
     }
 
     fn read_dir(&self, fd: BorrowedFd<'_>, offset: u64, take: &mut TakeEntry) -> SysResult<bool> {
-        sys::read_dir(fd, offset, take)
+        linux_sys::read_dir(fd, offset, take)
     }
 
     fn readahead(&self, fd: BorrowedFd<'_>, len: usize) {
-        sys::readahead(fd, len)
+        linux_sys::readahead(fd, len)
     }
 
     fn getxattr(&self, fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-        sys::getxattr(&sys::proc_path(fd), name, buf)
+        linux_sys::getxattr(&linux_sys::proc_path(fd), name, buf)
     }
 
     fn listxattr(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> SysResult<usize> {
-        sys::listxattr(&sys::proc_path(fd), buf)
+        linux_sys::listxattr(&linux_sys::proc_path(fd), buf)
     }
 
     fn setxattr(&self, fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
-        sys::setxattr(&sys::proc_path(fd), name, value, flags)
+        linux_sys::setxattr(&linux_sys::proc_path(fd), name, value, flags)
     }
 
     fn removexattr(&self, fd: BorrowedFd<'_>, name: &CStr) -> SysResult<()> {
-        sys::removexattr(&sys::proc_path(fd), name)
+        linux_sys::removexattr(&linux_sys::proc_path(fd), name)
     }
 
     fn setlk(&self, fd: BorrowedFd<'_>, lock: &RangeLock) -> SysResult<()> {
-        sys::ofd_setlk(fd, lock)
+        linux_sys::ofd_setlk(fd, lock)
     }
 
     fn getlk(&self, fd: BorrowedFd<'_>, lock: &RangeLock) -> SysResult<Option<RangeLock>> {
-        sys::ofd_getlk(fd, lock)
+        linux_sys::ofd_getlk(fd, lock)
     }
 
     fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
@@ -214,11 +214,11 @@ impl Backend for Linux {
     }
 
     fn switch_creds(&self, uid: u32, gid: u32) -> (u32, u32) {
-        sys::switch_fs_ids(uid, gid)
+        linux_sys::switch_fs_ids(uid, gid)
     }
 
     fn restore_creds(&self, old: (u32, u32)) {
-        sys::restore_fs_ids(old)
+        linux_sys::restore_fs_ids(old)
     }
 
     fn effective_gid(&self) -> u32 {

@@ -11,13 +11,32 @@
 //! Flags and modes are the host's (`libc`) values, which are also the wire's: the protocol
 //! carries Linux's. Status is `libc::stat`, which every Unix has.
 
+#[cfg(target_os = "linux")]
 pub mod linux;
+#[cfg(target_os = "linux")]
+pub mod linux_sys;
+pub mod portable;
 pub mod sys;
+pub mod wire;
 
 use std::ffi::CStr;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use tether_proto::WireErrno;
+
+/// File types (`st_mode & S_IFMT`) as u32 on every host (`mode_t` is u16 on macOS).
+pub const S_IFMT: u32 = libc::S_IFMT as u32;
+pub const S_IFDIR: u32 = libc::S_IFDIR as u32;
+pub const S_IFREG: u32 = libc::S_IFREG as u32;
+pub const S_IFLNK: u32 = libc::S_IFLNK as u32;
+pub const S_IFIFO: u32 = libc::S_IFIFO as u32;
+pub const S_IFSOCK: u32 = libc::S_IFSOCK as u32;
+
+/// The file type bits of `st`.
+pub fn file_type(st: &libc::stat) -> u32 {
+    st.st_mode as u32 & S_IFMT
+}
 
 /// A call's result: the errno goes to the guest as it is.
 pub type SysResult<T> = Result<T, WireErrno>;
@@ -52,8 +71,10 @@ pub struct RangeLock {
 }
 
 impl RangeLock {
-    /// A request (pid 0, as OFD locks need) for `len` bytes from `start` (0: to the end).
-    pub fn request(typ: libc::c_int, start: i64, len: i64) -> RangeLock {
+    /// A request (pid 0, as OFD locks need) for `len` bytes from `start` (0: to the end);
+    /// `typ` is libc's F_RDLCK, F_WRLCK or F_UNLCK (i16 on macOS, i32 on Linux).
+    pub fn request(typ: impl Into<i32>, start: i64, len: i64) -> RangeLock {
+        let typ: i32 = typ.into();
         RangeLock {
             typ: typ as i16,
             start,
@@ -172,6 +193,9 @@ pub trait Backend: Send + Sync {
     fn getlk(&self, fd: BorrowedFd<'_>, lock: &RangeLock) -> SysResult<Option<RangeLock>>;
     /// flock(2) `op` without waiting; EAGAIN on a conflict.
     fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()>;
+    /// `fd`, a descriptor [`Backend::setlk`] took locks on, is being closed ([`LockFd`]):
+    /// a backend that keeps the locks itself drops its owner's.
+    fn lock_fd_closing(&self, _fd: BorrowedFd<'_>) {}
 
     // Credentials.
 
@@ -188,6 +212,31 @@ impl dyn Backend + '_ {
     pub fn creds_as(&self, uid: u32, gid: u32) -> CredsGuard<'_> {
         let old = self.switch_creds(uid, gid);
         CredsGuard { host: self, old }
+    }
+}
+
+/// An open descriptor that carries locks: closing it drops them, whether the host keeps
+/// them with the open file description (OFD locks, flock) or the backend keeps them.
+pub struct LockFd {
+    fd: OwnedFd,
+    host: Arc<dyn Backend>,
+}
+
+impl LockFd {
+    pub fn new(fd: OwnedFd, host: Arc<dyn Backend>) -> LockFd {
+        LockFd { fd, host }
+    }
+}
+
+impl AsFd for LockFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        self.host.lock_fd_closing(self.fd.as_fd());
     }
 }
 

@@ -19,7 +19,6 @@ use super::writers::Writers;
 use crate::backend::{Backend, SysResult};
 use crate::nodes::{Node, NodeTable};
 use crate::watch::coalesce::Watch;
-use crate::watch::linux::LinuxWatcher;
 use crate::watch::NameChange;
 
 pub struct ExportFs {
@@ -66,8 +65,8 @@ impl Drop for ExportFs {
 /// other end, and a device would reach past the export.
 pub fn check_openable(kind: u32) -> SysResult<()> {
     match kind {
-        libc::S_IFREG | libc::S_IFDIR => Ok(()),
-        libc::S_IFLNK => Err(WireErrno::ELOOP),
+        crate::backend::S_IFREG | crate::backend::S_IFDIR => Ok(()),
+        crate::backend::S_IFLNK => Err(WireErrno::ELOOP),
         _ => Err(WireErrno::ENXIO),
     }
 }
@@ -95,8 +94,8 @@ impl ExportFs {
         let host = export.host.clone();
         let nodes = Arc::new(NodeTable::new(root, export.budget.clone(), host.clone())?);
         let watch = if watch {
-            match LinuxWatcher::new() {
-                Ok(w) => Some(Watch::new(Box::new(w), nodes.clone(), host, host_events)),
+            match export.backend.watcher(&export) {
+                Ok(w) => Some(Watch::new(w, nodes.clone(), host, host_events)),
                 Err(e) => {
                     tracing::warn!("cannot watch the export ({e}): the client will revalidate");
                     None
@@ -167,11 +166,11 @@ impl ExportFs {
             atime: ts(st.st_atime, st.st_atime_nsec),
             mtime: ts(st.st_mtime, st.st_mtime_nsec),
             ctime: ts(st.st_ctime, st.st_ctime_nsec),
-            mode: st.st_mode,
+            mode: st.st_mode as u32,
             nlink: st.st_nlink as u32,
             uid,
             gid,
-            rdev: st.st_rdev,
+            rdev: st.st_rdev as u64,
             blksize: st.st_blksize as u32,
             // Reserved: replies are ordered against invalidations by push sequence on the
             // client (docs/coherence.md), so the server keeps no change counter for it.

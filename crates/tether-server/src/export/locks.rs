@@ -5,21 +5,21 @@
 //! of a node, the end of the session) drops their locks and tells those sessions.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use tether_proto::NodeId;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, LockFd};
 
 /// The open file descriptions that carry each (node, guest owner)'s locks.
 pub struct LockTable {
     pub(crate) owners: DashMap<(NodeId, u64), Arc<OwnerFd>>,
     /// The WAL indexes this session has taken, with the description holding the DMS byte.
     /// One mutex for all: taking and giving back must not interleave, and it is rare.
-    pub(crate) wal_guards: Mutex<HashMap<NodeId, OwnedFd>>,
+    pub(crate) wal_guards: Mutex<HashMap<NodeId, LockFd>>,
     /// WAL indexes this session was refused, so that the log says so once each.
     pub(crate) wal_refused: Mutex<HashSet<NodeId>>,
     host: Arc<dyn Backend>,
@@ -33,7 +33,7 @@ pub struct LockTable {
 /// One owner's description, and the generation of its locks (protocol.md §16): a SETLK
 /// of a later generation replaces it, a LOCK_RELEASE of an earlier one leaves it alone.
 pub(crate) struct OwnerFd {
-    pub(crate) fd: OwnedFd,
+    pub(crate) fd: LockFd,
     pub(crate) generation: u64,
 }
 
@@ -121,7 +121,7 @@ impl LockTable {
 type FileKey = (u64, u64);
 
 fn file_key(host: &dyn Backend, fd: BorrowedFd<'_>) -> Option<FileKey> {
-    host.stat(fd).ok().map(|st| (st.st_dev, st.st_ino))
+    host.stat(fd).ok().map(|st| (st.st_dev as u64, st.st_ino))
 }
 
 /// Most files with refused sessions remembered at once, across the export: past it, a

@@ -15,6 +15,7 @@ pub mod shared;
 pub mod writers;
 
 /// The inotify record parser, where `tether::bench::latency` finds it.
+#[cfg(target_os = "linux")]
 pub mod watch {
     pub use crate::watch::inotify::records;
 }
@@ -22,7 +23,7 @@ pub mod watch {
 pub use fs::ExportFs;
 pub use ids::{IdMap, SessionIds};
 pub use locks::{LockWaits, LockWake};
-pub use shared::{Export, ExportOptions};
+pub use shared::{BackendKind, Export, ExportOptions};
 
 pub use crate::nodes::{FdBudget, Node, NodeTable};
 pub use crate::watch::coalesce::Changes;

@@ -11,9 +11,58 @@ use tether_proto::WireErrno;
 
 use super::ids::IdMap;
 use super::locks::LockWaits;
+#[cfg(target_os = "linux")]
 use crate::backend::linux::Linux;
+use crate::backend::portable::Portable;
 use crate::backend::{sys, Backend};
 use crate::nodes::FdBudget;
+use crate::watch::Watcher;
+
+/// Which host calls an export is served with (`tether serve --backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// Linux's own calls (O_PATH, openat2, statx, OFD locks, renameat2) and inotify with
+    /// fanotify: the fastest, and the default on Linux.
+    #[cfg(target_os = "linux")]
+    #[default]
+    Linux,
+    /// Only calls macOS has as well (backend/portable.rs), and a watcher that sees what
+    /// FSEvents sees (watch/portable.rs): the default elsewhere, and on Linux the way the
+    /// macOS code paths are tested.
+    #[cfg_attr(not(target_os = "linux"), default)]
+    Portable,
+}
+
+impl BackendKind {
+    /// The names `--backend` takes.
+    pub fn parse(s: &str) -> Option<BackendKind> {
+        match s {
+            #[cfg(target_os = "linux")]
+            "linux" => Some(BackendKind::Linux),
+            "portable" => Some(BackendKind::Portable),
+            _ => None,
+        }
+    }
+
+    fn open(self, opts: &ExportOptions) -> io::Result<Arc<dyn Backend>> {
+        Ok(match self {
+            #[cfg(target_os = "linux")]
+            BackendKind::Linux => Arc::new(Linux::open().map_err(to_io)?),
+            BackendKind::Portable => Arc::new(Portable::new(opts.case_insensitive)),
+        })
+    }
+
+    /// A new session's watcher of `export`.
+    pub(crate) fn watcher(self, export: &Export) -> io::Result<Box<dyn Watcher>> {
+        Ok(match self {
+            #[cfg(target_os = "linux")]
+            BackendKind::Linux => Box::new(crate::watch::linux::LinuxWatcher::new()?),
+            BackendKind::Portable => Box::new(crate::watch::portable::PortableWatcher::new(
+                export.host.clone(),
+            )?),
+        })
+    }
+}
 
 /// Settings and state shared by every session of one export.
 pub struct Export {
@@ -21,6 +70,8 @@ pub struct Export {
     root: OwnedFd,
     /// The host's file system calls.
     pub host: Arc<dyn Backend>,
+    /// Which ones, and the watcher that goes with them.
+    pub backend: BackendKind,
     pub read_only: bool,
     pub budget: Arc<FdBudget>,
     /// Most open file handles one session may hold (a share of the open-file limit, so that
@@ -46,6 +97,10 @@ pub struct ExportOptions {
     /// Most open file and directory handles per session (0: derive from the open-file limit).
     pub max_handles: usize,
     pub id_map: IdMap,
+    pub backend: BackendKind,
+    /// Tests only (portable backend): names are found whatever their case, as on a
+    /// case-insensitive host file system (APFS, HFS+, NTFS by default).
+    pub case_insensitive: bool,
 }
 
 impl Export {
@@ -59,7 +114,7 @@ impl Export {
         }
         let cpath = CString::new(canonical.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        let host: Arc<dyn Backend> = Arc::new(Linux::open().map_err(to_io)?);
+        let host = opts.backend.open(opts)?;
         let cwd = cwd_fd(&*host);
         let root = host.open_dir_node(cwd.as_fd(), &cpath).map_err(to_io)?;
         let limit = sys::raise_nofile_limit() as usize;
@@ -86,6 +141,7 @@ impl Export {
             root_path: canonical,
             root,
             host,
+            backend: opts.backend,
             read_only: opts.read_only,
             budget: FdBudget::new(cap),
             max_handles,

@@ -115,17 +115,18 @@ fn settime(t: SetTime) -> libc::timespec {
 /// stands for its groups here, and uid 0 for the capability).
 pub fn kill_suidgid(fs: &ExportFs, fd: &OwnedFd, caller: Caller) -> SysResult<()> {
     let st = fs.host().stat(fd.as_fd())?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if crate::backend::file_type(&st) != crate::backend::S_IFREG {
         return Ok(());
     }
-    let mut mode = st.st_mode & 0o7777;
-    mode &= !libc::S_ISUID;
-    let group_exec = st.st_mode & libc::S_IXGRP != 0;
+    let st_mode = st.st_mode as u32;
+    let mut mode = st_mode & 0o7777;
+    mode &= !(libc::S_ISUID as u32);
+    let group_exec = st_mode & libc::S_IXGRP as u32 != 0;
     let (_, file_gid) = fs.ids.guest_owner(st.st_uid, st.st_gid);
     if group_exec || (caller.uid != 0 && caller.gid != file_gid) {
-        mode &= !libc::S_ISGID;
+        mode &= !(libc::S_ISGID as u32);
     }
-    if mode != st.st_mode & 0o7777 {
+    if mode != st_mode & 0o7777 {
         fs.host().chmod_node(fd.as_fd(), mode)?;
     }
     Ok(())
@@ -141,11 +142,11 @@ pub fn statfs(fs: &ExportFs, node: NodeId) -> SysResult<Reply> {
     let (_, fd) = fs.node_fd(node)?;
     let s = fs.host().statfs(fd.as_fd())?;
     Ok(Reply::Statfs(tether_proto::Statfs {
-        blocks: s.f_blocks,
-        bfree: s.f_bfree,
-        bavail: s.f_bavail,
-        files: s.f_files,
-        ffree: s.f_ffree,
+        blocks: s.f_blocks as u64,
+        bfree: s.f_bfree as u64,
+        bavail: s.f_bavail as u64,
+        files: s.f_files as u64,
+        ffree: s.f_ffree as u64,
         bsize: s.f_bsize as u32,
         namelen: s.f_namemax as u32,
         frsize: s.f_frsize as u32,

@@ -62,9 +62,12 @@ pub fn mknod(
     rdev: u64,
 ) -> SysResult<Reply> {
     let name = component(name)?;
-    let kind = mode & libc::S_IFMT;
+    let kind = mode & crate::backend::S_IFMT;
     // Device nodes made by a guest would be usable on the host: refuse them.
-    if kind != libc::S_IFIFO && kind != libc::S_IFSOCK && kind != libc::S_IFREG {
+    if kind != crate::backend::S_IFIFO
+        && kind != crate::backend::S_IFSOCK
+        && kind != crate::backend::S_IFREG
+    {
         return Err(WireErrno::EPERM);
     }
     let pfd = fs.dir_fd(parent)?;
@@ -159,7 +162,7 @@ pub fn rename(
 ) -> SysResult<Reply> {
     let name = component(name)?;
     let new_name = component(new_name)?;
-    let allowed = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+    let allowed = crate::backend::wire::RENAME_NOREPLACE | crate::backend::wire::RENAME_EXCHANGE;
     if flags & !allowed != 0 {
         return Err(WireErrno::EINVAL);
     }
@@ -169,12 +172,12 @@ pub fn rename(
         (parent, name.as_bytes(), NameChange::MovedFrom),
         (new_parent, new_name.as_bytes(), NameChange::MovedTo),
     ];
-    if flags & libc::RENAME_EXCHANGE != 0 {
+    if flags & crate::backend::wire::RENAME_EXCHANGE != 0 {
         expect.push((new_parent, new_name.as_bytes(), NameChange::MovedFrom));
         expect.push((parent, name.as_bytes(), NameChange::MovedTo));
     }
     // A file the rename replaces loses its name (an exchanged one keeps one).
-    let target = if flags & libc::RENAME_EXCHANGE == 0 {
+    let target = if flags & crate::backend::wire::RENAME_EXCHANGE == 0 {
         fs.keep_if_held(new_parent, npfd.as_fd(), &new_name)
     } else {
         (fs.nodes.held_at(npfd.as_fd(), &new_name)).and_then(|n| fs.with_fd(n))
@@ -190,15 +193,15 @@ pub fn rename(
     // Keep the moved nodes findable by name should their descriptors be evicted.
     if let Ok(st) = fs.host().stat_at(npfd.as_fd(), &new_name) {
         fs.nodes.moved(
-            fs.nodes.id_for(st.st_dev, st.st_ino),
+            fs.nodes.id_for(st.st_dev as u64, st.st_ino),
             new_parent,
             new_name.clone(),
         );
     }
-    if flags & libc::RENAME_EXCHANGE != 0 {
+    if flags & crate::backend::wire::RENAME_EXCHANGE != 0 {
         if let Ok(st) = fs.host().stat_at(pfd.as_fd(), &name) {
             fs.nodes
-                .moved(fs.nodes.id_for(st.st_dev, st.st_ino), parent, name);
+                .moved(fs.nodes.id_for(st.st_dev as u64, st.st_ino), parent, name);
         }
     }
     Ok(Reply::Empty)
@@ -223,7 +226,8 @@ pub fn link(fs: &ExportFs, node: NodeId, new_parent: NodeId, new_name: &[u8]) ->
 /// Whether a file opened with the guest's `flags` may serve later writes by node, which
 /// carry their own offsets and need no per-descriptor behaviour.
 fn plain_writable(flags: u32) -> bool {
-    let special = libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC;
+    let special =
+        libc::O_APPEND | crate::backend::wire::host_oflag::DIRECT | libc::O_SYNC | libc::O_DSYNC;
     flags as i32 & libc::O_ACCMODE != libc::O_RDONLY && flags as i32 & special == 0
 }
 
@@ -254,8 +258,8 @@ pub fn create(
         Err(WireErrno::EEXIST) if flags as i32 & libc::O_EXCL == 0 => {
             // Open what is there only if it is a regular file.
             let existing = fs.host().open_node(pfd.as_fd(), &name)?;
-            let kind = fs.host().stat(existing.as_fd())?.st_mode & libc::S_IFMT;
-            if kind == libc::S_IFDIR {
+            let kind = crate::backend::file_type(&fs.host().stat(existing.as_fd())?);
+            if kind == crate::backend::S_IFDIR {
                 return Err(WireErrno::EISDIR);
             }
             check_openable(kind)?;

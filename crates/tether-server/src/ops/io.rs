@@ -21,10 +21,10 @@ pub fn open_host_flags(flags: u32) -> i32 {
         | libc::O_NONBLOCK
         | libc::O_DSYNC
         | libc::O_SYNC
-        | libc::O_NOATIME
+        | crate::backend::wire::host_oflag::NOATIME
         | libc::O_TRUNC
-        | libc::O_DIRECT
-        | libc::O_LARGEFILE;
+        | crate::backend::wire::host_oflag::DIRECT
+        | crate::backend::wire::host_oflag::LARGEFILE;
     flags as i32 & keep
 }
 
@@ -209,7 +209,7 @@ pub fn fallocate(
     let h = fs.file_for(node, fh, libc::O_WRONLY)?;
     let Handle::File(f) = &*h else { unreachable!() };
     let n = fs.nodes.get(node)?;
-    let keeps_size = mode as i32 & libc::FALLOC_FL_KEEP_SIZE != 0;
+    let keeps_size = mode as i32 & crate::backend::wire::FALLOC_FL_KEEP_SIZE != 0;
     fs.own_change(
         &n,
         f.as_fd(),

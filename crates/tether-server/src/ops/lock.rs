@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use tether_proto::{lock_type, LockSpec, NodeId, Reply, WireErrno};
 
-use crate::backend::{RangeLock, SysResult};
+use crate::backend::{LockFd, RangeLock, SysResult};
 use crate::export::fs::ExportFs;
 use crate::export::locks::OwnerFd;
 
@@ -59,7 +59,7 @@ fn host_range(lock: &LockSpec) -> SysResult<(i64, i64)> {
 
 /// Gives back the WAL index `node` if no process of the session holds its DMS lock
 /// any more. Call with the guards locked.
-fn release_unused_guard(fs: &ExportFs, guards: &mut HashMap<NodeId, OwnedFd>, node: NodeId) {
+fn release_unused_guard(fs: &ExportFs, guards: &mut HashMap<NodeId, LockFd>, node: NodeId) {
     let Some(guard) = guards.get(&node) else {
         return;
     };
@@ -108,7 +108,12 @@ fn lock_fd(
 /// A new open file description of `node` to hold locks. Write locks need a writable
 /// one; read-only where the server may not write (read-only export, file mode), so read
 /// locks still work.
-fn lock_description(fs: &ExportFs, node: NodeId) -> SysResult<OwnedFd> {
+fn lock_description(fs: &ExportFs, node: NodeId) -> SysResult<LockFd> {
+    let fd = open_description(fs, node)?;
+    Ok(LockFd::new(fd, fs.export.host.clone()))
+}
+
+fn open_description(fs: &ExportFs, node: NodeId) -> SysResult<OwnedFd> {
     let (n, path_fd) = fs.openable_node(node)?;
     if n.is_dir() {
         return fs.reopen(&path_fd, libc::O_RDONLY | libc::O_DIRECTORY);

@@ -19,7 +19,7 @@ pub mod xattr;
 
 use tether_proto::{Caller, Reply, Request, WireErrno};
 
-use crate::backend::SysResult;
+use crate::backend::{wire, SysResult};
 use crate::export::fs::ExportFs;
 
 /// Executes one request (all but READ) for `caller`: one arm per operation, each a call of
@@ -48,7 +48,7 @@ pub fn dispatch(fs: &ExportFs, caller: Caller, req: Request) -> SysResult<Reply>
             entry::rename(fs, (parent, &name), (new_parent, &new_name), flags),
         Link { node, new_parent, new_name } => entry::link(fs, node, new_parent, &new_name),
         Create { parent, name, mode, umask, flags } =>
-            entry::create(fs, caller, parent, &name, (mode, umask), flags),
+            entry::create(fs, caller, parent, &name, (mode, umask), wire::open_flags(flags)),
         Spares { parent, count } => spare::spares(fs, caller, parent, count),
         Bind { parent, name, node, mode, umask, time } =>
             spare::bind(fs, caller, (parent, &name), node, (mode, umask), time),
@@ -56,7 +56,7 @@ pub fn dispatch(fs: &ExportFs, caller: Caller, req: Request) -> SysResult<Reply>
         Setattr { node, fh, set } => attr::setattr(fs, caller, node, fh, set),
         Access { node, mask } => attr::access(fs, node, mask),
         Statfs { node } => attr::statfs(fs, node),
-        Open { node, flags } => io::open(fs, node, flags),
+        Open { node, flags } => io::open(fs, node, wire::open_flags(flags)),
         Write { node, fh, offset, data } => io::write(fs, caller, node, fh, offset, &data),
         Flush { .. } => io::flush(),
         Fsync { node, fh, datasync } => io::fsync(fs, node, fh, datasync),
@@ -67,7 +67,8 @@ pub fn dispatch(fs: &ExportFs, caller: Caller, req: Request) -> SysResult<Reply>
         CopyFileRange { node_in, fh_in, offset_in, node_out, fh_out, offset_out, len, flags } =>
             io::copy_file_range(fs, (node_in, fh_in, offset_in),
                                 (node_out, fh_out, offset_out), len, flags),
-        Reopen { node, fh, flags, dir } => io::reopen(fs, node, fh, flags, dir),
+        Reopen { node, fh, flags, dir } =>
+            io::reopen(fs, node, fh, wire::open_flags(flags), dir),
         Opendir { node, .. } => dir::opendir(fs, node),
         Readdir { node, fh, offset, size, plus } => dir::readdir(fs, node, fh, offset, size, plus),
         Releasedir { node, fh } => dir::releasedir(fs, node, fh),
@@ -87,8 +88,7 @@ pub fn dispatch(fs: &ExportFs, caller: Caller, req: Request) -> SysResult<Reply>
 fn check_writable(fs: &ExportFs, req: &Request) -> SysResult<()> {
     let mutating = req.op().mutates()
         || matches!(req, Request::Open { flags, .. } | Request::Reopen { flags, dir: false, .. }
-            if flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32
-                || flags & libc::O_TRUNC as u32 != 0);
+            if flags & wire::oflag::ACCMODE != 0 || flags & wire::oflag::TRUNC != 0);
     if fs.export.read_only && mutating {
         return Err(WireErrno::EROFS);
     }

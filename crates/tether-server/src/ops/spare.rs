@@ -98,7 +98,7 @@ pub fn bind(
         return Ok(created(fs, entry, None, parent, &pfd));
     }
     match fs.host().stat_at(pfd.as_fd(), &cname) {
-        Ok(st) if fs.nodes.id_for(st.st_dev, st.st_ino) == node => {
+        Ok(st) if fs.nodes.id_for(st.st_dev as u64, st.st_ino) == node => {
             let named = fs.host().open_node(pfd.as_fd(), &cname)?;
             // Its one lookup is the one SPARES counted in the earlier session.
             let mut entry = entry_of(fs, parent, named, cname)?;
@@ -143,7 +143,7 @@ fn bind_spare(
     // descriptor: its events name it "#INO" and are dropped as this session's
     // (`Watch::made_unnamed`), so the host and other guests hear only the creation.
     let dir = fs.host().stat(pfd.as_fd())?;
-    let group = if dir.st_mode & libc::S_ISGID != 0 {
+    let group = if dir.st_mode as u32 & libc::S_ISGID as u32 != 0 {
         dir.st_gid
     } else {
         let own = fs.host().effective_gid();
@@ -162,7 +162,7 @@ fn bind_spare(
         // As the caller, like the creation it finishes: the kernel keeps set-group-ID
         // only for a member of the file's group.
         fs.as_caller(caller, || {
-            if st.st_mode & 0o7777 != perm || st.st_gid != group {
+            if st.st_mode as u32 & 0o7777 != perm || st.st_gid != group {
                 fs.host().chmod(file.as_fd(), perm)?;
             }
             fs.host().utimens(file.as_fd(), &[ts, ts])

@@ -47,6 +47,9 @@ struct Collector {
     changed_at: HashMap<(NodeId, Vec<u8>), usize>,
     /// rename cookie -> index of the provisional `Deleted` event its first half left.
     moved_from: HashMap<u32, usize>,
+    /// For a watcher without cookies: (dir, name) -> index of its `Deleted` event, which a
+    /// creation of the same file elsewhere in the batch turns into a rename.
+    deleted_at: HashMap<(NodeId, Vec<u8>), usize>,
     /// Directory paths resolved in this batch, and the export root's own path.
     paths: HashMap<NodeId, Option<Bytes>>,
     root: Option<Option<Vec<u8>>>,
@@ -174,6 +177,20 @@ impl Watch {
         echo::changed_since_sync(&*self.host, &self.nodes, node)
     }
 
+    /// Whether a name event is the echo of this session's own change. A watcher that sees
+    /// paths only reports the session's renames as a removal and a creation.
+    fn is_own(&self, dir: NodeId, name: &[u8], change: NameChange) -> bool {
+        if self.expected.is_own(dir, name, change) {
+            return true;
+        }
+        let moved = match change {
+            NameChange::Deleted => NameChange::MovedFrom,
+            NameChange::Created => NameChange::MovedTo,
+            _ => return false,
+        };
+        !self.watcher.pairs_renames() && self.expected.is_own(dir, name, moved)
+    }
+
     /// Turns the watch events queued now into the invalidations (and host events) the
     /// client needs, leaving out the echoes of its own changes. Does not wait.
     pub fn queued_changes(&self) -> Changes {
@@ -215,7 +232,7 @@ impl Watch {
                     if matches!(change, NameChange::MovedTo | NameChange::Created) {
                         self.check_new_name(&mut c, &dir_fd, name);
                     }
-                    if self.expected.is_own(ev.dir, name, change) {
+                    if self.is_own(ev.dir, name, change) {
                         continue;
                     }
                     c.invalidate(Invalidation::Entry {
@@ -237,11 +254,11 @@ impl Watch {
                         continue;
                     };
                     let key = (ev.dir, name.clone());
-                    let file = (st.st_dev, st.st_ino);
+                    let file = (st.st_dev as u64, st.st_ino);
                     let closing = bits & changed::CLOSE_WRITE != 0;
                     // Another process's change, whatever the ctime says (fanotify.rs).
                     let by_other = by_others.remove(&key);
-                    let foreign = match self.nodes.find(st.st_dev, st.st_ino) {
+                    let foreign = match self.nodes.find(st.st_dev as u64, st.st_ino) {
                         Some(child) if self.changed_since_sync(&child) || by_other => {
                             c.invalidate(Invalidation::Inode(child.id));
                             true
@@ -269,9 +286,20 @@ impl Watch {
                         }
                     }
                     if foreign && self.host_events {
-                        let node = self.nodes.id_for(st.st_dev, st.st_ino);
-                        let file_type = st.st_mode & libc::S_IFMT;
+                        let node = self.nodes.id_for(st.st_dev as u64, st.st_ino);
+                        let file_type = crate::backend::file_type(&st);
                         self.changed_event(&mut c, &dir_fd, ev.dir, key, node, file_type, bits);
+                    }
+                }
+                (_, Change::Rescan) => {
+                    // Everything the client holds at or below the directory.
+                    c.invalidate(Invalidation::Inode(ev.dir));
+                    for (node, parent, name) in self.nodes.below(ev.dir) {
+                        c.invalidate(Invalidation::Entry {
+                            parent,
+                            name: Bytes::copy_from_slice(name.as_bytes()),
+                        });
+                        c.invalidate(Invalidation::Inode(node));
                     }
                 }
                 (None, _) => {
@@ -314,14 +342,24 @@ impl Watch {
         };
         // What is there now, for creations; removals only know whether it was a directory.
         let mut node = None;
-        let mut file_type = if is_dir { libc::S_IFDIR } else { libc::S_IFREG };
+        let mut file_type = if is_dir {
+            crate::backend::S_IFDIR
+        } else {
+            crate::backend::S_IFREG
+        };
+        let mut was_at = None;
         if matches!(change, NameChange::Created | NameChange::MovedTo) {
             if let Ok(st) = CString::new(name)
                 .map_err(|_| ())
                 .and_then(|n| self.host.stat_at(dir_fd.as_fd(), &n).map_err(|_| ()))
             {
-                node = Some(self.nodes.id_for(st.st_dev, st.st_ino));
-                file_type = st.st_mode & libc::S_IFMT;
+                node = Some(self.nodes.id_for(st.st_dev as u64, st.st_ino));
+                file_type = crate::backend::file_type(&st);
+                if !self.watcher.pairs_renames() {
+                    was_at = (self.nodes.find(st.st_dev as u64, st.st_ino))
+                        .and_then(|n| n.location())
+                        .map(|(p, n)| (p, n.into_bytes()));
+                }
             }
         }
         let mut event = HostEvent {
@@ -333,8 +371,29 @@ impl Watch {
             kind: EventKind::Created,
         };
         match change {
-            NameChange::Created => {}
-            NameChange::Deleted => event.kind = EventKind::Deleted,
+            NameChange::Created => {
+                // Without cookies: the creation of a file whose old name this batch deleted
+                // is its rename (FSEvents reports both paths of a rename, in that order).
+                if let Some(at) = was_at.and_then(|key| c.deleted_at.remove(&key)) {
+                    let from = &c.out.events[at];
+                    if from.dir != dir || from.name.as_ref() != name {
+                        event.kind = EventKind::Moved {
+                            from_dir: from.dir,
+                            from_path: from.dir_path.clone(),
+                            from_name: from.name.clone(),
+                        };
+                        c.out.events[at] = event;
+                        return;
+                    }
+                }
+            }
+            NameChange::Deleted => {
+                event.kind = EventKind::Deleted;
+                if !self.watcher.pairs_renames() {
+                    c.deleted_at
+                        .insert((dir, name.to_vec()), c.out.events.len());
+                }
+            }
             NameChange::MovedFrom => {
                 // Provisional: becomes the rename when its other half comes, else stays a
                 // deletion (moved out of what the client holds).
@@ -428,7 +487,7 @@ impl Watch {
         let Ok(st) = self.host.stat_at(dir_fd.as_fd(), &cname) else {
             return;
         };
-        if let Some(node) = self.nodes.find(st.st_dev, st.st_ino) {
+        if let Some(node) = self.nodes.find(st.st_dev as u64, st.st_ino) {
             if self.changed_since_sync(&node) {
                 c.invalidate(Invalidation::Inode(node.id));
             }

@@ -22,7 +22,7 @@ use dashmap::DashMap;
 use tether_proto::NodeId;
 
 use super::ForeignChanged;
-use crate::backend::sys;
+use crate::backend::{linux_sys, sys};
 
 /// The changes reported: content, attributes, a close after writing; of the directory's
 /// entries.
@@ -102,7 +102,7 @@ impl ForeignChanges {
     fn change_mark(&self, how: libc::c_uint, fd: BorrowedFd<'_>) -> bool {
         // Through the /proc/self/fd link, as the inotify watch: fanotify_mark takes no O_PATH
         // descriptor.
-        let path = sys::proc_path(fd);
+        let path = linux_sys::proc_path(fd);
         // SAFETY: a valid C string.
         let r = unsafe {
             libc::fanotify_mark(
@@ -147,7 +147,7 @@ impl ForeignChanges {
 /// The key fanotify's events give directory `fd`: its file system id and handle, laid out
 /// as in an event's information record.
 fn dir_key(fd: BorrowedFd<'_>) -> Option<DirKey> {
-    let fsid = sys::fstatfs(fd).ok()?.f_fsid;
+    let fsid = linux_sys::fstatfs(fd).ok()?.f_fsid;
     // SAFETY: fsid_t is two plain ints.
     let fsid: [u8; 8] = unsafe { std::mem::transmute(fsid) };
     let mut handle = vec![0u8; 8 + MAX_HANDLE_SZ];

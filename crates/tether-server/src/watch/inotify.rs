@@ -13,7 +13,7 @@ use dashmap::DashMap;
 use tether_proto::NodeId;
 
 use super::{Change, NameChange, WatchEvent};
-use crate::backend::sys;
+use crate::backend::{linux_sys, sys};
 
 /// What is watched on each directory.
 const MASK: u32 = libc::IN_MODIFY
@@ -64,7 +64,7 @@ impl Inotify {
     /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
     /// refuses (watch limit reached): that directory falls back to revalidation.
     pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
-        let path = sys::proc_path(fd.as_fd());
+        let path = linux_sys::proc_path(fd.as_fd());
         // SAFETY: valid C string; the watch follows the magic link to the directory itself.
         let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {

@@ -15,9 +15,13 @@
 
 pub mod coalesce;
 pub mod echo;
+#[cfg(target_os = "linux")]
 pub mod fanotify;
+#[cfg(target_os = "linux")]
 pub mod inotify;
+#[cfg(target_os = "linux")]
 pub mod linux;
+pub mod portable;
 
 use std::collections::HashSet;
 use std::io;
@@ -47,6 +51,9 @@ pub enum Change {
     },
     /// Content or attributes changed: [`tether_proto::changed`] bits.
     Content(u8),
+    /// Events in this directory and below were lost (FSEvents' "must scan
+    /// subdirectories"): everything the client holds there must be looked at again.
+    Rescan,
 }
 
 /// One change in a watched directory.
@@ -87,6 +94,12 @@ pub trait Watcher: Send + Sync {
     fn drain(&self) -> io::Result<Batch>;
     /// Whether batches name the files other processes changed.
     fn tells_writers(&self) -> bool;
+    /// Whether renames come as MovedFrom and MovedTo paired by cookies; a backend that sees
+    /// paths only reports them as Deleted and Created (and the session's own renames are
+    /// recognised so).
+    fn pairs_renames(&self) -> bool {
+        true
+    }
     /// This session made the file `ino` without a name and holds it open for writing:
     /// events through that descriptor are its own (a backend that cannot see them ignores
     /// this).

@@ -197,10 +197,14 @@ impl Server {
         adjust: impl FnOnce(&mut Command),
     ) -> Server {
         let mut cmd = Command::new(bin);
+        // The whole suite with other server options, e.g. TETHER_TEST_SERVE_ARGS="--backend
+        // portable" (scripts/test.sh runs the suites so: docs/macos.md).
+        let more = std::env::var("TETHER_TEST_SERVE_ARGS").unwrap_or_default();
         cmd.arg("serve")
             .arg(dir)
             .args(["--listen", address])
             .args(extra)
+            .args(more.split_whitespace())
             .stdin(Stdio::null())
             .stderr(Stdio::inherit());
         adjust(&mut cmd);
@@ -323,6 +327,24 @@ pub fn sent(report: &str, op: &str) -> u64 {
 pub fn suite_mounts_with(flag: &str) -> bool {
     let args = std::env::var("TETHER_TEST_MOUNT_ARGS").unwrap_or_default();
     args.split_whitespace().any(|a| a == flag)
+}
+
+/// Whether the suite runs every server with `flag` (TETHER_TEST_SERVE_ARGS).
+pub fn suite_serves_with(flag: &str) -> bool {
+    let args = std::env::var("TETHER_TEST_SERVE_ARGS").unwrap_or_default();
+    args.split_whitespace().any(|a| a == flag)
+}
+
+/// Whether the suite's servers use the portable backend (`--backend portable`, the macOS
+/// code paths): a test of something only the Linux backend does says so and is skipped.
+/// The list of such differences, with reasons, is in docs/macos.md.
+pub fn skipped_for_portable(why: &str) -> bool {
+    let args = std::env::var("TETHER_TEST_SERVE_ARGS").unwrap_or_default();
+    let portable = args.contains("--backend portable") || args.contains("--backend=portable");
+    if portable {
+        skip_anywhere(&format!("not for the portable backend: {why}"));
+    }
+    portable
 }
 
 /// [`suite_mounts_with`], saying that the calling test is skipped for it.
