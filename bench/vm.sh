@@ -7,7 +7,7 @@
 #   9p-loose         virtio-9p, cache=loose        9p-mmap  virtio-9p, cache=mmap
 #   virtiofs-auto    virtiofsd -o cache=auto       virtiofs-always  virtiofsd -o cache=always
 #   tether-vsock     tether mount vsock:2:7070 (vhost-device-vsock; host: serve --listen vsock-unix:)
-#   tether-tcp       tether mount tcp:10.0.2.100:PORT (QEMU user networking, guestfwd to host loopback)
+#   tether-tcp       tether mount tcp:10.0.2.2:PORT (QEMU user networking to host loopback; --forward)
 #
 # Parts (--parts, default all): rtt (`tether check --ping` over vsock and TCP: the bare
 # round trip; 4 KiB written-through writes with dd on each file system), coherence (a host
@@ -16,8 +16,9 @@
 # interleaved). Prints a markdown report: ratios to the guest's disk, machine, kernel,
 # accelerator, date and command.
 #
-#   bench/vm.sh                   quick sizes (1,000-file tree, 16 MiB dd), 3 runs (~1 h under TCG)
-#   bench/vm.sh --quick           quick sizes, 1 run, a few workloads, fewer trials (~15 min)
+#   bench/vm.sh                   quick sizes (1,000-file tree, 16 MiB dd), 3 runs, 11 workloads
+#                                 (about 30 min under TCG on 2 shared cores)
+#   bench/vm.sh --quick           quick sizes, 1 run, 9 workloads, fewer trials (about 10 min)
 #   bench/vm.sh --full            tether bench's full sizes (many hours under TCG)
 #   options: --runs N  --only W1,W2  --all-workloads  --trials N  --timeout SECS
 #            --pings N  --dd-count N  --fs "disk tether-vsock ..."  --parts "rtt coherence bench"
@@ -51,7 +52,7 @@ command_line="bench/vm.sh $*"
 quick= full= runs=3 only=default trials=10 timeout=5 pings=1000 dd_count=200
 fslist="disk 9p-loose 9p-mmap virtiofs-auto virtiofs-always tether-vsock tether-tcp"
 parts="rtt coherence bench" mem=2G cpus=1 out= forward=direct keep=
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,/^set -e/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) quick=1 runs=1 trials=5 timeout=3 pings=300 dd_count=50 ;;
