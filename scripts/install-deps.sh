@@ -2,7 +2,23 @@
 # Installs what building and testing Tether needs on Debian, as root: a Rust toolchain if
 # there is none, and the Debian packages the tests and benchmarks use. Idempotent and quick
 # when everything is already there.
+#
+#   scripts/install-deps.sh [--vm-bench] [PACKAGE...]
+#
+# --vm-bench: also what bench/vm.sh needs beyond the VM tests (mmdebstrap for the guest's
+# Debian userland, e2fsprogs, python3); not part of the test suite, so only when asked
+# (bench/vm.sh installs it by itself too). Other arguments are extra Debian packages.
 set -euo pipefail
+
+vm_bench=
+args=()
+for a in "$@"; do
+  case $a in
+    --vm-bench) vm_bench=1 ;;
+    *) args+=("$a") ;;
+  esac
+done
+set -- ${args[@]+"${args[@]}"}
 
 need=()
 command -v cc >/dev/null || need+=(build-essential)
@@ -27,6 +43,12 @@ command -v cpio >/dev/null || vm_need+=(cpio)
 command -v depmod >/dev/null || vm_need+=(kmod)
 command -v socat >/dev/null || vm_need+=(socat)
 command -v file >/dev/null || vm_need+=(file)
+if [ -n "$vm_bench" ]; then
+  command -v mmdebstrap >/dev/null || vm_need+=(mmdebstrap)
+  command -v mke2fs >/dev/null || vm_need+=(e2fsprogs)
+  command -v python3 >/dev/null || vm_need+=(python3)
+  [ -x /usr/lib/qemu/virtiofsd ] || vm_need+=(qemu-system-x86)
+fi
 for extra in "$@"; do
   dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done

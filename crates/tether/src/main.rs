@@ -212,6 +212,11 @@ enum Command {
         secret_file: Option<PathBuf>,
         #[command(flatten)]
         ssh: SshArgs,
+        /// Then time N PING requests, one at a time (a request the server answers without
+        /// touching the file system): the bare round trip through the transport and both
+        /// ends, as min, p50, p99 and max.
+        #[arg(long, value_name = "N")]
+        ping: Option<u32>,
     },
     /// Report on a mount: connection, caching mode (and any fallback), counters.
     Status { mountpoint: PathBuf },
@@ -511,6 +516,30 @@ const SSH_HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(
 
 /// Connects and performs the handshake (authenticating if the server asks), within the
 /// handshake limit for `addr`'s transport.
+/// `tether check --ping N`: N PING requests, each sent once the previous one's reply came
+/// back, timed from the send to the reply's arrival in the caller (the client's reader
+/// thread hands it over, as it does for a file operation).
+fn ping_round_trips(conn: &Connection, n: u32) -> Result<()> {
+    use tether_proto::{Caller, Request};
+    let mut us = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let start = std::time::Instant::now();
+        conn.call_wait(Caller::default(), &Request::Ping)
+            .map_err(|e| anyhow::anyhow!("ping {} of {n} failed: {e:?}", i + 1))?;
+        us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    let pct = |p: f64| us[((us.len() - 1) as f64 * p).round() as usize];
+    print_out(&format!(
+        "ping: {n} round trips, min {:.0} us, p50 {:.0} us, p99 {:.0} us, max {:.0} us\n",
+        us[0],
+        pct(0.5),
+        pct(0.99),
+        us[us.len() - 1]
+    ))?;
+    Ok(())
+}
+
 fn connect(addr: &Address, mut opts: ConnectOptions) -> Result<Arc<Connection>> {
     let stream =
         tether_transport::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
@@ -799,6 +828,7 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
             address,
             secret_file,
             ssh,
+            ping,
         } => {
             let addr = client_address(&address, ssh)?;
             let conn = connect(
@@ -820,8 +850,12 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
                 },
                 h.id_mapping
             ))?;
+            let pinged = match ping {
+                Some(n) if n > 0 => ping_round_trips(&conn, n),
+                _ => Ok(()),
+            };
             conn.shut_down();
-            Ok(())
+            pinged
         }
         #[cfg(target_os = "linux")]
         Command::Status { mountpoint } => {

@@ -140,6 +140,17 @@ fn hybrid_vsock_listener_requires_the_secret() {
     );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.starts_with(&format!("ok: {addr} speaks")), "{said}");
+    // --ping: the bare round trip, timed (bench/vm.sh uses it in guests).
+    let out = tether_in(
+        &client_config,
+        &["check", &addr, "--secret-file", secret, "--ping", "20"],
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("\nping: 20 round trips, min "),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut m = Mount::start(&addr, &mnt, &["--secret-file", secret]);
     assert_eq!(
