@@ -383,3 +383,31 @@ fn a_rescan_invalidates_everything_held_below_the_directory() {
     assert!(!items.contains(&Invalidation::Inode(g)), "{items:?}");
     assert!(!items.contains(&entry(ROOT_NODE, b"g")), "{items:?}");
 }
+
+/// A LOOKUP of a directory handled while its FORGET is (two workers) may find the node gone
+/// and make a new one, which gets the directory's inotify watch back from the kernel (one
+/// per inode): the FORGET must not remove that watch once it gets to it, or nothing in the
+/// directory is pushed again while the client holds the new node.
+#[test]
+fn a_directory_looked_up_again_while_its_forget_is_handled_stays_watched() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    let fs = watched_session(dir.path());
+    let old = lookup(&fs, b"d");
+    // ops::entry::forget's two steps, with the LOOKUP between them.
+    let gone = fs.nodes.forget(old, 1).expect("the only lookup forgotten");
+    let again = lookup(&fs, b"d");
+    assert_eq!(again, old, "the same directory, the same id");
+    fs.watch.as_ref().unwrap().forgotten(&gone);
+    drain(&fs);
+    std::fs::write(dir.path().join("d/new"), b"x").unwrap();
+    let items = drain(&fs);
+    let created = Invalidation::Entry {
+        parent: again,
+        name: Bytes::from_static(b"new"),
+    };
+    assert!(
+        items.contains(&created),
+        "a creation in the directory looked up again was not pushed: {items:?}"
+    );
+}

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -77,6 +77,9 @@ pub struct Watch {
     /// Batches of events taken in hand so far, counted before any is looked at: a lookup
     /// during which it moved may have had its change told to nobody (ops/lookup.rs, `state_now`).
     batches_seen: AtomicU64,
+    /// Held while a directory's watch is added ([`Watch::watch_dir`]) or a forgotten node's
+    /// is dropped ([`Watch::forgotten`]).
+    watching: Mutex<()>,
 }
 
 impl Watch {
@@ -96,6 +99,7 @@ impl Watch {
             expected: Expected::default(),
             foreign_writers: DashMap::new(),
             batches_seen: AtomicU64::new(0),
+            watching: Mutex::new(()),
         }
     }
 
@@ -111,18 +115,40 @@ impl Watch {
     /// Starts watching directory `node` (`fd` its descriptor) and marks it watched; it
     /// stays unwatched when the backend refuses.
     pub fn watch_dir(&self, node: &Node, fd: &OwnedFd) {
+        let _watching = self.watching.lock().unwrap_or_else(|e| e.into_inner());
         if self.watcher.watch_dir(node.id, fd) {
             node.watched.store(true, Ordering::Relaxed);
         }
     }
 
-    /// The client forgot `node`: a watched directory is watched no more.
+    /// The client forgot `node`, which has left the node table: a watched directory is
+    /// watched no more, unless a lookup has made a new node for it meanwhile.
+    ///
+    /// FORGET (ops/entry.rs) takes the node out of the table, then comes here; a LOOKUP or
+    /// READDIRPLUS on another worker may find the directory in between and make a new node
+    /// under the same id, whose `watch_dir` gets the same watch back (inotify keeps one per
+    /// inode). Removing it then left a held node marked watched with no watch: nothing in
+    /// that directory was pushed again, and the guest kept its listing and missing names
+    /// for good (the likely cause of coherence.rs's second-mount test once never seeing
+    /// its mkdir step in CI: the guest can look `sub` up again while the FORGET of its
+    /// previous node is handled). A node in the table under this id keeps the watch;
+    /// `watching` makes a lookup that comes after the check add a watch of its own once
+    /// this one is gone.
     pub fn forgotten(&self, node: &Node) {
-        if node.watched.load(Ordering::Relaxed) {
-            // Not reopened for this: a forgotten node's reopened descriptor would stay in
-            // the budget.
-            self.watcher.unwatch(node.id, node.open_fd().as_deref());
+        if !node.watched.load(Ordering::Relaxed) {
+            return;
         }
+        let _watching = self.watching.lock().unwrap_or_else(|e| e.into_inner());
+        if self
+            .nodes
+            .get(node.id)
+            .is_ok_and(|now| !std::ptr::eq(&*now, node))
+        {
+            return;
+        }
+        // Not reopened for this: a forgotten node's reopened descriptor would stay in
+        // the budget.
+        self.watcher.unwatch(node.id, node.open_fd().as_deref());
     }
 
     /// This session made the file `ino` without a name and holds it open.

@@ -139,7 +139,9 @@ impl Inotify {
                 }
                 if r.mask & libc::IN_IGNORED != 0 {
                     if let Some((_, node)) = self.by_wd.remove(&r.wd) {
-                        self.by_node.remove(&node);
+                        // Not a newer watch of a node with that id (another directory that
+                        // took a deleted one's inode number).
+                        self.by_node.remove_if(&node, |_, wd| *wd == r.wd);
                     }
                     continue;
                 }
