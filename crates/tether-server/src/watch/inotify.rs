@@ -30,11 +30,87 @@ const MASK: u32 = libc::IN_MODIFY
 // No IN_DONT_FOLLOW: the watch is added through the /proc/self/fd magic link, which must be
 // followed to reach the directory the server holds (and only that directory).
 
-/// One session's inotify instance and its watches.
-pub struct Inotify {
+/// An inotify instance and its watches, one per directory node: what the Linux watcher
+/// ([`Inotify`]) and the portable watcher's Linux source (portable.rs) both stand on.
+pub struct Watches {
     fd: OwnedFd,
     by_wd: DashMap<i32, NodeId>,
     by_node: DashMap<NodeId, i32>,
+}
+
+impl Watches {
+    pub fn new() -> io::Result<Watches> {
+        // SAFETY: inotify_init1 has no memory-safety preconditions.
+        let fd = sys::new_fd(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+        Ok(Watches {
+            fd,
+            by_wd: DashMap::new(),
+            by_node: DashMap::new(),
+        })
+    }
+
+    /// The descriptor to poll.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Watches directory `node` (`fd` is its descriptor) for the events in `mask`.
+    pub fn add(&self, node: NodeId, fd: &OwnedFd, mask: u32) -> io::Result<()> {
+        let path = linux_sys::proc_path(fd.as_fd());
+        // SAFETY: valid C string; the watch follows the magic link to the directory itself.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), mask) };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.by_wd.insert(wd, node);
+        self.by_node.insert(node, wd);
+        Ok(())
+    }
+
+    /// Stops watching directory `node`.
+    pub fn remove(&self, node: NodeId) {
+        if let Some((_, wd)) = self.by_node.remove(&node) {
+            self.by_wd.remove(&wd);
+            // SAFETY: removing a watch descriptor of our own inotify instance.
+            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+        }
+    }
+
+    /// Reads every record queued now (never waits) through `buf`, handing each of a watched
+    /// directory to `each` with that directory's node. False when the kernel dropped events.
+    pub fn read_queued(&self, buf: &mut [u8], mut each: impl FnMut(NodeId, &Record<'_>)) -> bool {
+        let mut complete = true;
+        loop {
+            // SAFETY: buf is writable for its length.
+            let len =
+                unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if len <= 0 {
+                return complete;
+            }
+            for r in records(&buf[..len as usize]) {
+                if r.mask & libc::IN_Q_OVERFLOW != 0 {
+                    complete = false;
+                    continue;
+                }
+                if r.mask & libc::IN_IGNORED != 0 {
+                    if let Some((_, node)) = self.by_wd.remove(&r.wd) {
+                        // Not a newer watch of a node with that id (another directory that
+                        // took a deleted one's inode number).
+                        self.by_node.remove_if(&node, |_, wd| *wd == r.wd);
+                    }
+                    continue;
+                }
+                if let Some(dir) = self.by_wd.get(&r.wd).map(|n| *n) {
+                    each(dir, &r);
+                }
+            }
+        }
+    }
+}
+
+/// One session's inotify instance and its watches.
+pub struct Inotify {
+    watches: Watches,
     failed: AtomicUsize,
     /// Inode numbers of this session's spare files (SPARES) whose descriptor is still open.
     /// Events through it name the file "#INO" in the directory it was made in (the kernel's
@@ -45,12 +121,8 @@ pub struct Inotify {
 
 impl Inotify {
     pub fn new() -> io::Result<Inotify> {
-        // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let fd = sys::new_fd(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
         Ok(Inotify {
-            fd,
-            by_wd: DashMap::new(),
-            by_node: DashMap::new(),
+            watches: Watches::new()?,
             failed: AtomicUsize::new(0),
             unnamed: Mutex::default(),
         })
@@ -58,42 +130,32 @@ impl Inotify {
 
     /// The descriptor to poll.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.watches.fd()
     }
 
     /// Starts watching directory `node` (`fd` is its descriptor). False when the kernel
     /// refuses (watch limit reached): that directory falls back to revalidation.
     pub fn watch(&self, node: NodeId, fd: &OwnedFd) -> bool {
-        let path = linux_sys::proc_path(fd.as_fd());
-        // SAFETY: valid C string; the watch follows the magic link to the directory itself.
-        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
-        if wd < 0 {
-            let err = io::Error::last_os_error();
-            if self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
-                let hint = if err.raw_os_error() == Some(libc::ENOSPC) {
-                    " (the inotify watch limit is reached: raise fs.inotify.max_user_watches)"
-                } else {
-                    ""
-                };
-                tracing::warn!(
-                    "cannot watch a directory: {err}{hint}; directories without a watch fall \
-                     back to revalidation with the mount's --attr-timeout"
-                );
-            }
-            return false;
+        let Err(err) = self.watches.add(node, fd, MASK) else {
+            return true;
+        };
+        if self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
+            let hint = if err.raw_os_error() == Some(libc::ENOSPC) {
+                " (the inotify watch limit is reached: raise fs.inotify.max_user_watches)"
+            } else {
+                ""
+            };
+            tracing::warn!(
+                "cannot watch a directory: {err}{hint}; directories without a watch fall \
+                 back to revalidation with the mount's --attr-timeout"
+            );
         }
-        self.by_wd.insert(wd, node);
-        self.by_node.insert(node, wd);
-        true
+        false
     }
 
     /// Stops watching directory `node`.
     pub fn unwatch(&self, node: NodeId) {
-        if let Some((_, wd)) = self.by_node.remove(&node) {
-            self.by_wd.remove(&wd);
-            // SAFETY: removing a watch descriptor of our own inotify instance.
-            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
-        }
+        self.watches.remove(node);
     }
 
     /// This session made spare file `ino` and holds it open (see `unnamed`).
@@ -126,33 +188,12 @@ impl Inotify {
     /// dropped events.
     pub fn read_queued(&self, buf: &mut [u8]) -> Option<Vec<WatchEvent>> {
         let mut events = Vec::new();
-        loop {
-            // SAFETY: buf is writable for its length.
-            let len =
-                unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if len <= 0 {
-                return Some(events);
+        let complete = self.watches.read_queued(buf, |dir, r| {
+            if !self.is_unnamed(r) {
+                events.push(event(dir, r));
             }
-            for r in records(&buf[..len as usize]) {
-                if r.mask & libc::IN_Q_OVERFLOW != 0 {
-                    return None;
-                }
-                if r.mask & libc::IN_IGNORED != 0 {
-                    if let Some((_, node)) = self.by_wd.remove(&r.wd) {
-                        // Not a newer watch of a node with that id (another directory that
-                        // took a deleted one's inode number).
-                        self.by_node.remove_if(&node, |_, wd| *wd == r.wd);
-                    }
-                    continue;
-                }
-                if self.is_unnamed(&r) {
-                    continue;
-                }
-                if let Some(dir) = self.by_wd.get(&r.wd).map(|n| *n) {
-                    events.push(event(dir, &r));
-                }
-            }
-        }
+        });
+        complete.then_some(events)
     }
 }
 

@@ -335,13 +335,10 @@ impl Watcher for PortableWatcher {
 /// flags.
 #[cfg(target_os = "linux")]
 mod source {
-    use std::os::fd::{AsRawFd, BorrowedFd};
-
-    use dashmap::DashMap;
+    use std::os::fd::AsRawFd;
 
     use super::*;
-    use crate::backend::{linux_sys, sys};
-    use crate::watch::inotify::records;
+    use crate::watch::inotify::Watches;
 
     const MASK: u32 = libc::IN_MODIFY
         | libc::IN_ATTRIB
@@ -351,47 +348,29 @@ mod source {
         | libc::IN_MOVED_TO
         | libc::IN_ONLYDIR;
 
+    /// The same inotify watches as the Linux watcher's (inotify.rs), read differently.
     pub struct Source {
-        fd: OwnedFd,
-        by_wd: DashMap<i32, NodeId>,
-        by_node: DashMap<NodeId, i32>,
+        watches: Watches,
     }
 
     impl Source {
         pub fn new(_queue: Arc<Queue>) -> io::Result<Source> {
-            // SAFETY: inotify_init1 has no memory-safety preconditions.
-            let fd =
-                sys::new_fd(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
             Ok(Source {
-                fd,
-                by_wd: DashMap::new(),
-                by_node: DashMap::new(),
+                watches: Watches::new()?,
             })
         }
 
         pub fn watch(&self, node: NodeId, fd: &OwnedFd, _path: &[u8]) -> bool {
-            let path = linux_sys::proc_path(fd.as_fd());
-            // SAFETY: a valid C string.
-            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
-            if wd < 0 {
-                return false;
-            }
-            self.by_wd.insert(wd, node);
-            self.by_node.insert(node, wd);
-            true
+            self.watches.add(node, fd, MASK).is_ok()
         }
 
         pub fn unwatch(&self, node: NodeId) {
-            if let Some((_, wd)) = self.by_node.remove(&node) {
-                self.by_wd.remove(&wd);
-                // SAFETY: removing a watch of our own instance.
-                unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
-            }
+            self.watches.remove(node);
         }
 
         pub fn wait(&self, _queue: &Queue, timeout: Duration) -> bool {
             let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
+                fd: self.watches.fd().as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -404,46 +383,28 @@ mod source {
         pub fn read(&self, queue: &Queue, dirs: &HashMap<NodeId, Vec<u8>>) {
             let mut buf = vec![0u8; 64 * 1024];
             let mut out = Vec::new();
-            loop {
-                // SAFETY: buf is writable for its length.
-                let len =
-                    unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if len <= 0 {
-                    break;
+            let complete = self.watches.read_queued(&mut buf, |node, r| {
+                let Some(dir) = dirs.get(&node) else {
+                    return;
+                };
+                let mut path = dir.clone();
+                if !r.name.is_empty() {
+                    if path.last() != Some(&b'/') {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(r.name);
                 }
-                for r in records(&buf[..len as usize]) {
-                    if r.mask & libc::IN_Q_OVERFLOW != 0 {
-                        // What FSEvents says when it dropped events.
-                        out.push(PathEvent {
-                            path: b"/".to_vec(),
-                            flags: flags::MUST_SCAN,
-                        });
-                        continue;
-                    }
-                    if r.mask & libc::IN_IGNORED != 0 {
-                        if let Some((_, node)) = self.by_wd.remove(&r.wd) {
-                            self.by_node.remove(&node);
-                        }
-                        continue;
-                    }
-                    let Some(node) = self.by_wd.get(&r.wd).map(|n| *n) else {
-                        continue;
-                    };
-                    let Some(dir) = dirs.get(&node) else {
-                        continue;
-                    };
-                    let mut path = dir.clone();
-                    if !r.name.is_empty() {
-                        if path.last() != Some(&b'/') {
-                            path.push(b'/');
-                        }
-                        path.extend_from_slice(r.name);
-                    }
-                    out.push(PathEvent {
-                        path,
-                        flags: fsevents_flags(r.mask),
-                    });
-                }
+                out.push(PathEvent {
+                    path,
+                    flags: fsevents_flags(r.mask),
+                });
+            });
+            if !complete {
+                // What FSEvents says when it dropped events.
+                out.push(PathEvent {
+                    path: b"/".to_vec(),
+                    flags: flags::MUST_SCAN,
+                });
             }
             queue.push(out);
         }
@@ -472,9 +433,6 @@ mod source {
         }
         f
     }
-
-    #[allow(dead_code)]
-    fn _borrowed(_: BorrowedFd<'_>) {}
 }
 
 /// macOS: one FSEvents stream per session on the export root (file-level events), through
