@@ -59,20 +59,12 @@ impl Backend for Linux {
         sys::openat(dir, c".", flags, mode)
     }
 
-    fn stat(&self, fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
-        sys::fstat(fd)
-    }
-
     fn stat_born(&self, fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Birth)> {
         linux_sys::fstat_born(fd)
     }
 
     fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
         sys::fstatat_nofollow(dir, name)
-    }
-
-    fn statfs(&self, fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
-        sys::fstatvfs(fd)
     }
 
     fn mount_root_device(&self, fd: BorrowedFd<'_>) -> SysResult<Option<(u32, u32)>> {
@@ -128,10 +120,6 @@ impl Backend for Linux {
         sys::fchmodat(self.proc_fd.as_fd(), &linux_sys::fd_name(fd), mode, 0)
     }
 
-    fn chmod(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
-        sys::fchmod(fd, mode)
-    }
-
     fn chown(&self, fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
         linux_sys::fchown_empty(fd, uid, gid)
     }
@@ -144,28 +132,8 @@ impl Backend for Linux {
         linux_sys::truncate_path(&linux_sys::proc_path(fd), size)
     }
 
-    fn truncate(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
-        sys::ftruncate(fd, size)
-    }
-
-    fn pread(&self, fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-        sys::pread(fd, buf, offset)
-    }
-
-    fn pwrite(&self, fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize> {
-        sys::pwrite(fd, buf, offset)
-    }
-
-    fn fsync(&self, fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
-        sys::fsync(fd, datasync)
-    }
-
     fn fallocate(&self, fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()> {
         linux_sys::fallocate(fd, mode, offset, len)
-    }
-
-    fn lseek(&self, fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
-        sys::lseek(fd, offset, whence)
     }
 
     fn copy_file_range(
@@ -209,20 +177,11 @@ impl Backend for Linux {
         linux_sys::ofd_getlk(fd, lock)
     }
 
-    fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
-        sys::flock_nb(fd, op)
-    }
-
     fn switch_creds(&self, uid: u32, gid: u32) -> (u32, u32) {
         linux_sys::switch_fs_ids(uid, gid)
     }
 
     fn restore_creds(&self, old: (u32, u32)) {
         linux_sys::restore_fs_ids(old)
-    }
-
-    fn effective_gid(&self) -> u32 {
-        // SAFETY: getegid cannot fail.
-        unsafe { libc::getegid() }
     }
 }

@@ -110,12 +110,16 @@ pub trait Backend: Send + Sync {
 
     // Status.
 
-    fn stat(&self, fd: BorrowedFd<'_>) -> SysResult<libc::stat>;
+    fn stat(&self, fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
+        sys::fstat(fd)
+    }
     /// [`Backend::stat`] and the birth time, in one call where the host can.
     fn stat_born(&self, fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Birth)>;
     /// The status of `name` in `dir`, not following a final symlink.
     fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat>;
-    fn statfs(&self, fd: BorrowedFd<'_>) -> SysResult<libc::statvfs>;
+    fn statfs(&self, fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
+        sys::fstatvfs(fd)
+    }
     /// The device (major, minor) of the file system mounted at `fd` if `fd` is the root of
     /// a mount, from what the kernel has cached: never a request to that file system.
     fn mount_root_device(&self, fd: BorrowedFd<'_>) -> SysResult<Option<(u32, u32)>>;
@@ -143,7 +147,9 @@ pub trait Backend: Send + Sync {
     /// chmod of the object behind node descriptor `fd`.
     fn chmod_node(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()>;
     /// fchmod(2) of open descriptor `fd`.
-    fn chmod(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()>;
+    fn chmod(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
+        sys::fchmod(fd, mode)
+    }
     /// chown of the object behind `fd`, symlinks included; None leaves that id alone.
     fn chown(&self, fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()>;
     /// utimensat(2) of the object behind `fd`, symlinks included.
@@ -151,17 +157,27 @@ pub trait Backend: Send + Sync {
     /// truncate of the file behind node descriptor `fd`.
     fn truncate_node(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()>;
     /// ftruncate(2) of open descriptor `fd`.
-    fn truncate(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()>;
+    fn truncate(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
+        sys::ftruncate(fd, size)
+    }
 
     // Data.
 
     /// Reads until `buf` is full or the file ends.
-    fn pread(&self, fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize>;
+    fn pread(&self, fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        sys::pread(fd, buf, offset)
+    }
     /// Writes all of `buf` unless an error comes after some progress.
-    fn pwrite(&self, fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize>;
-    fn fsync(&self, fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()>;
+    fn pwrite(&self, fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize> {
+        sys::pwrite(fd, buf, offset)
+    }
+    fn fsync(&self, fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
+        sys::fsync(fd, datasync)
+    }
     fn fallocate(&self, fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> SysResult<()>;
-    fn lseek(&self, fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64>;
+    fn lseek(&self, fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
+        sys::lseek(fd, offset, whence)
+    }
     /// Copies `len` bytes from (descriptor, offset) `from` to `to`; returns how many.
     fn copy_file_range(
         &self,
@@ -192,7 +208,9 @@ pub trait Backend: Send + Sync {
     /// The first lock that conflicts with `lock`, or None.
     fn getlk(&self, fd: BorrowedFd<'_>, lock: &RangeLock) -> SysResult<Option<RangeLock>>;
     /// flock(2) `op` without waiting; EAGAIN on a conflict.
-    fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()>;
+    fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
+        sys::flock_nb(fd, op)
+    }
     /// `fd`, a descriptor [`Backend::setlk`] took locks on, is being closed ([`LockFd`]):
     /// a backend that keeps the locks itself drops its owner's.
     fn lock_fd_closing(&self, _fd: BorrowedFd<'_>) {}
@@ -204,7 +222,10 @@ pub trait Backend: Send + Sync {
     fn switch_creds(&self, uid: u32, gid: u32) -> (u32, u32);
     fn restore_creds(&self, old: (u32, u32));
     /// The group files get when made without switching credentials.
-    fn effective_gid(&self) -> u32;
+    fn effective_gid(&self) -> u32 {
+        // SAFETY: getegid cannot fail.
+        unsafe { libc::getegid() }
+    }
 }
 
 impl dyn Backend + '_ {

@@ -477,10 +477,6 @@ impl Backend for Portable {
         Err(WireErrno::EOPNOTSUPP)
     }
 
-    fn stat(&self, fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
-        sys::fstat(fd)
-    }
-
     fn stat_born(&self, fd: BorrowedFd<'_>) -> SysResult<(libc::stat, Birth)> {
         let st = sys::fstat(fd)?;
         #[cfg(target_os = "macos")]
@@ -493,10 +489,6 @@ impl Backend for Portable {
     fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
         let name = self.fold(dir, name)?;
         sys::fstatat_nofollow(dir, &name)
-    }
-
-    fn statfs(&self, fd: BorrowedFd<'_>) -> SysResult<libc::statvfs> {
-        sys::fstatvfs(fd)
     }
 
     fn mount_root_device(&self, fd: BorrowedFd<'_>) -> SysResult<Option<(u32, u32)>> {
@@ -565,10 +557,6 @@ impl Backend for Portable {
         sys::fchmod(fd, mode)
     }
 
-    fn chmod(&self, fd: BorrowedFd<'_>, mode: u32) -> SysResult<()> {
-        sys::fchmod(fd, mode)
-    }
-
     fn chown(&self, fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
         if object::is_object(fd) {
             return object::chown(fd, uid, gid);
@@ -589,22 +577,6 @@ impl Backend for Portable {
     fn truncate_node(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
         let f = self.reopen(fd, libc::O_WRONLY | libc::O_NONBLOCK)?;
         sys::ftruncate(f.as_fd(), size)
-    }
-
-    fn truncate(&self, fd: BorrowedFd<'_>, size: u64) -> SysResult<()> {
-        sys::ftruncate(fd, size)
-    }
-
-    fn pread(&self, fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-        sys::pread(fd, buf, offset)
-    }
-
-    fn pwrite(&self, fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> SysResult<usize> {
-        sys::pwrite(fd, buf, offset)
-    }
-
-    fn fsync(&self, fd: BorrowedFd<'_>, datasync: bool) -> SysResult<()> {
-        sys::fsync(fd, datasync)
     }
 
     /// Mode 0 makes the file at least `offset + len` long (macOS has no fallocate(2);
@@ -632,10 +604,6 @@ impl Backend for Portable {
             }
             _ => Err(WireErrno::EOPNOTSUPP),
         }
-    }
-
-    fn lseek(&self, fd: BorrowedFd<'_>, offset: i64, whence: i32) -> SysResult<u64> {
-        sys::lseek(fd, offset, whence)
     }
 
     fn copy_file_range(
@@ -791,10 +759,6 @@ impl Backend for Portable {
         host_conflict(fd, lock)
     }
 
-    fn flock(&self, fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
-        sys::flock_nb(fd, op)
-    }
-
     fn lock_fd_closing(&self, fd: BorrowedFd<'_>) {
         let owner = fd.as_raw_fd();
         let Ok(st) = sys::fstat(fd) else {
@@ -816,11 +780,6 @@ impl Backend for Portable {
 
     fn restore_creds(&self, old: (u32, u32)) {
         object::restore_creds(old)
-    }
-
-    fn effective_gid(&self) -> u32 {
-        // SAFETY: getegid cannot fail.
-        unsafe { libc::getegid() }
     }
 }
 
