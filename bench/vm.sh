@@ -86,6 +86,8 @@ if [ "$only" = default ]; then
 fi
 
 say() { printf 'vm.sh: %s\n' "$*" >&2; }
+# shellcheck source=scripts/vm/initramfs-lib.sh
+. "$(dirname "$0")/../scripts/vm/initramfs-lib.sh"
 die() { say "error: $*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (packages, the guest's devices, dropping caches)"
 [ "$(uname -m)" = x86_64 ] || die "the guest is an x86_64 one"
@@ -157,22 +159,9 @@ if [ ! -f "$initramfs" ] || [ "$(cat "$bcache/initramfs.stamp" 2>/dev/null)" != 
     say "building the initramfs: busybox and modules ($kver)"
     tree=$(mktemp -d "$bcache/initramfs.XXXXXX")
     mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,newroot,tether-vm} "$tree/lib/modules/$kver"
-    cp /bin/busybox "$tree/bin/"
-    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -sf busybox "$tree/bin/$a"; done
-    ln -sf ../bin/busybox "$tree/sbin/modprobe"
-    md=/lib/modules/$kver
-    for m in $modules; do modprobe -S "$kver" --show-depends "$m" 2>/dev/null | awk '$1 == "insmod" { print $2 }'; done |
-        sort -u | while read -r ko; do
-            rel=${ko#"$md"/}
-            mkdir -p "$tree/$md/$(dirname "$rel")"
-            case $ko in
-                *.xz) xz -dc "$ko" >"$tree/$md/${rel%.xz}" ;;
-                *.zst) zstd -qdc "$ko" >"$tree/$md/${rel%.zst}" ;;
-                *) cp "$ko" "$tree/$md/$rel" ;;
-            esac
-        done
-    cp "$md"/modules.order "$md"/modules.builtin* "$tree/$md/" 2>/dev/null || true
-    depmod -b "$tree" "$kver"
+    busybox_into "$tree"
+    # shellcheck disable=SC2086 # $modules is a list
+    modules_into "$tree" "$kver" $modules 2>/dev/null
     cat >"$tree/init" <<'EOF'
 #!/bin/sh
 # bench/vm.sh's guest init: modules, the Debian root file system (/dev/vda), then

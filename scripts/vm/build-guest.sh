@@ -18,6 +18,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${TETHER_VM_CACHE:-/var/tmp/tether-vm}
 guest=$cache/guest
 say() { printf 'build-guest: %s\n' "$*" >&2; }
+# shellcheck source=scripts/vm/initramfs-lib.sh
+. "$root/scripts/vm/initramfs-lib.sh"
 die() {
     say "error: $*"
     exit 1
@@ -93,7 +95,7 @@ modules="fuse vsock vmw_vsock_virtio_transport virtio_net virtio_pci"
 
 # --- is the cached guest up to date?
 inputs=$(
-    for f in "$0" "/boot/vmlinuz-$kver" /bin/busybox "$tether"; do
+    for f in "$0" "$root/scripts/vm/initramfs-lib.sh" "/boot/vmlinuz-$kver" /bin/busybox "$tether"; do
         echo "$(sha256sum <"$f" | cut -d' ' -f1) $(basename "$f")"
     done
     echo "modules: $modules"
@@ -109,11 +111,7 @@ tree=$(mktemp -d "$cache/tree.XXXXXX")
 trap 'rm -rf "$tree"' EXIT
 mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,run,root,etc,mnt/src,usr/bin,usr/sbin,tether-vm} \
     "$tree/lib/modules/$kver"
-cp /bin/busybox "$tree/bin/busybox"
-for applet in $(/bin/busybox --list); do
-    [ "$applet" = busybox ] || ln -sf busybox "$tree/bin/$applet"
-done
-ln -sf ../bin/busybox "$tree/sbin/modprobe"
+busybox_into "$tree"
 cp "$tether" "$tree/bin/tether"
 # mount(8) (busybox's mount -a too) runs /sbin/mount.TYPE for a type it does not know.
 ln -s ../bin/tether "$tree/sbin/mount.tether"
@@ -123,20 +121,9 @@ echo 'root:x:0:' >"$tree/etc/group"
 
 # The modules and what they depend on, as modprobe resolves them for this kernel (built-in
 # ones have no file and are skipped), uncompressed.
+# shellcheck disable=SC2086 # $modules is a list
+modules_into "$tree" "$kver" $modules
 md=/lib/modules/$kver
-for m in $modules; do
-    modprobe -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
-done | sort -u | while read -r ko; do
-    rel=${ko#"$md"/}
-    mkdir -p "$tree/$md/$(dirname "$rel")"
-    case $ko in
-        *.xz) xz -dc "$ko" >"$tree/$md/${rel%.xz}" ;;
-        *.zst) zstd -qdc "$ko" >"$tree/$md/${rel%.zst}" ;;
-        *) cp "$ko" "$tree/$md/$rel" ;;
-    esac
-done
-cp "$md"/modules.order "$md"/modules.builtin* "$tree/$md/" 2>/dev/null || true
-depmod -b "$tree" "$kver"
 say "modules: $(cd "$tree/$md" && find . -name '*.ko' | sed 's|.*/||; s|\.ko$||' | sort | tr '\n' ' ')"
 
 # /init: mounts the basics, loads the modules, sets up the network if asked, mounts what

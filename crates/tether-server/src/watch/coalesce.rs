@@ -61,6 +61,18 @@ impl Collector {
             self.out.items.push(inv);
         }
     }
+
+    /// The name event `to` is the second half of a rename whose first half is the event at
+    /// `at` in this batch: the two become one move, where the first half stood.
+    fn moved_here(&mut self, at: usize, mut to: HostEvent) {
+        let from = &self.out.events[at];
+        to.kind = EventKind::Moved {
+            from_dir: from.dir,
+            from_path: from.dir_path.clone(),
+            from_name: from.name.clone(),
+        };
+        self.out.events[at] = to;
+    }
 }
 
 /// What a session watches with, and what it remembers to tell its own changes from others.
@@ -403,12 +415,7 @@ impl Watch {
                 if let Some(at) = was_at.and_then(|key| c.deleted_at.remove(&key)) {
                     let from = &c.out.events[at];
                     if from.dir != dir || from.name.as_ref() != name {
-                        event.kind = EventKind::Moved {
-                            from_dir: from.dir,
-                            from_path: from.dir_path.clone(),
-                            from_name: from.name.clone(),
-                        };
-                        c.out.events[at] = event;
+                        c.moved_here(at, event);
                         return;
                     }
                 }
@@ -428,13 +435,7 @@ impl Watch {
             }
             NameChange::MovedTo => {
                 if let Some(at) = c.moved_from.remove(&cookie) {
-                    let from = &c.out.events[at];
-                    event.kind = EventKind::Moved {
-                        from_dir: from.dir,
-                        from_path: from.dir_path.clone(),
-                        from_name: from.name.clone(),
-                    };
-                    c.out.events[at] = event;
+                    c.moved_here(at, event);
                     return;
                 }
             }
