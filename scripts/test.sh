@@ -32,8 +32,9 @@ echo "   A failing test shows the logs of the processes it started; passing ones
 status=0
 cargo test --workspace --no-fail-fast 2>&1 || status=$?
 echo "== test.sh: the real-mount suites again with the portable backend (the code macOS runs:"
-echo "   tether serve --backend portable; the tests of Linux-only features say they skip)"
+echo "   tether serve --backend portable; the tests of Linux-only features say they skip)."
+echo "   One test at a time: the portable watcher's timing tests are looser under load."
 TETHER_TEST_SERVE_ARGS="--backend portable" cargo test -p tether --no-fail-fast \
   --test posix_mount --test coherence --test locks --test boundary --test security \
-  --test reconnect --test watch_events --test case_insensitive 2>&1 || status=$?
+  --test reconnect --test watch_events --test case_insensitive -- --test-threads 1 2>&1 || status=$?
 exit $status
