@@ -23,8 +23,6 @@ use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use tether_proto::WireErrno;
-
 /// File types (`st_mode & S_IFMT`) as u32 on every host (`mode_t` is u16 on macOS).
 pub const S_IFMT: u32 = libc::S_IFMT as u32;
 pub const S_IFDIR: u32 = libc::S_IFDIR as u32;
@@ -38,14 +36,10 @@ pub fn file_type(st: &libc::stat) -> u32 {
     st.st_mode as u32 & S_IFMT
 }
 
-/// A call's result: the errno goes to the guest as it is.
-pub type SysResult<T> = Result<T, WireErrno>;
+pub use sys::{At, SysResult};
 
 /// A file's birth time (seconds, nanoseconds), where its file system records one.
 pub type Birth = Option<(i64, u32)>;
-
-/// A name in a directory: the directory's descriptor and one checked component.
-pub type At<'a> = (BorrowedFd<'a>, &'a CStr);
 
 /// What [`Backend::read_dir`] calls for each entry: false to stop there.
 pub type TakeEntry<'a> = dyn FnMut(RawDirEntry) -> bool + 'a;

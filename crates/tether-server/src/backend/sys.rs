@@ -10,7 +10,11 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
-use super::{At, SysResult};
+/// A call's result: the errno goes to the guest as it is.
+pub type SysResult<T> = Result<T, WireErrno>;
+
+/// A name in a directory: the directory's descriptor and one checked component.
+pub type At<'a> = (BorrowedFd<'a>, &'a CStr);
 
 pub(super) fn last_errno() -> WireErrno {
     WireErrno::from_host(
