@@ -1222,7 +1222,9 @@ fn percentiles(times: &[Duration]) -> String {
 #[ignore = "the guest's side of a VM test: vm.rs runs it inside the guest"]
 fn guest_side_of_host_changes() {
     let Some(mut control) = GuestControl::connect() else {
-        eprintln!("not in the test guest (TETHER_VM_CONTROL unset): nothing to do");
+        eprintln!(
+            "not in the test guest (no TETHER_VM_CONTROL or no /tether-vm/cmd): nothing to do"
+        );
         return;
     };
     // A line of its own after the test harness's "test guest_side_of_host_changes ... ".
