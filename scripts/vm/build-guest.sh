@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the small Linux guest the VM tests boot (crates/tether/tests/vm.rs, docs/vm.md):
 # Debian's kernel and an initramfs with busybox, a few kernel modules (FUSE, vsock, virtio
-# network) and a static tether, plus vhost-device-vsock for the host side of guest vsock.
+# network, virtio disks and ext4) and a static tether, plus vhost-device-vsock for the host side of guest vsock.
 # Run as root on Debian 12. Installs what it needs; quick when nothing changed.
 #
 #   scripts/vm/build-guest.sh            # -> $TETHER_VM_CACHE/guest/{vmlinuz,initramfs.cpio}
@@ -37,6 +37,7 @@ command -v cpio >/dev/null || need+=(cpio)
 command -v depmod >/dev/null || need+=(kmod)
 command -v socat >/dev/null || need+=(socat)
 command -v file >/dev/null || need+=(file)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs) # the guest's ext4 disk (vm.rs, run.sh -d)
 if [ ${#need[@]} -gt 0 ]; then
     say "apt-get install ${need[*]} (about 100 MB to download the first time)"
     export DEBIAN_FRONTEND=noninteractive
@@ -91,7 +92,7 @@ esac
 # --- the kernel: the newest Debian one installed.
 kver=${TETHER_VM_KVER:-$(cd /boot && ls vmlinuz-*-amd64 | sed 's/^vmlinuz-//' | sort -V | tail -1)}
 [ -f "/boot/vmlinuz-$kver" ] && [ -d "/lib/modules/$kver" ] || die "no kernel $kver in /boot and /lib/modules"
-modules="fuse vsock vmw_vsock_virtio_transport virtio_net virtio_pci"
+modules="fuse vsock vmw_vsock_virtio_transport virtio_net virtio_pci virtio_blk ext4"
 
 # --- is the cached guest up to date?
 inputs=$(
@@ -141,7 +142,7 @@ stty -onlcr -echo 2>/dev/null </dev/console
 hostname guest
 TETHER_VM_NET=
 [ -f /tether-vm/env ] && . /tether-vm/env
-for m in virtio_pci fuse vsock vmw_vsock_virtio_transport virtio_net; do
+for m in virtio_pci fuse vsock vmw_vsock_virtio_transport virtio_net virtio_blk ext4; do
     modprobe "$m" || echo "tether-vm: modprobe $m failed"
 done
 ip link set lo up

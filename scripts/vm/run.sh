@@ -11,6 +11,7 @@
 #                 forwarded ports), guest 10.0.2.15; a guest connection to 10.0.2.100:PORT
 #                 reaches host 127.0.0.1:PORT, one host connection per guest one (repeatable)
 #   -n            the network without forwarded ports
+#   -d IMAGE      attach IMAGE (a raw disk image) as the guest's virtio disk /dev/vda
 #   -f SRC[:DEST] copy host file SRC into the guest at DEST (default /tether-vm/NAME)
 #                 (repeatable; -f fstab:/etc/fstab makes init run mount -a)
 #   -t SECONDS    give up after this long (default 300)
@@ -26,16 +27,17 @@ set -uo pipefail
 
 cache=${TETHER_VM_CACHE:-/var/tmp/tether-vm}
 guest=$cache/guest
-vsock_uds= net= ports=() files=() timeout=300 mem=512M verbose= cmd= script=
+vsock_uds= net= ports=() files=() disk= timeout=300 mem=512M verbose= cmd= script=
 usage() {
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
-while getopts "V:p:nf:t:m:ve:h" o; do
+while getopts "V:p:nd:f:t:m:ve:h" o; do
     case $o in
         V) vsock_uds=$OPTARG ;;
         p) ports+=("$OPTARG") net=1 ;;
         n) net=1 ;;
+        d) disk=$OPTARG ;;
         f) files+=("$OPTARG") ;;
         t) timeout=$OPTARG ;;
         m) mem=$OPTARG ;;
@@ -102,6 +104,10 @@ if [ -n "$vsock_uds" ]; then
         -chardev "socket,id=vsock0,path=$tmp/vhost-vsock.sock" -device vhost-user-vsock-pci,chardev=vsock0)
 else
     q+=(-m "$mem")
+fi
+if [ -n "$disk" ]; then
+    [ -f "$disk" ] || { echo "run.sh: no disk image $disk" >&2; exit 2; }
+    q+=(-drive "file=$disk,format=raw,if=virtio,cache=unsafe")
 fi
 if [ -n "$net" ]; then
     # cmd: forwards make one host connection per guest connection, when the guest connects

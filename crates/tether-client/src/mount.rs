@@ -145,7 +145,7 @@ impl Mounted {
             r.set_server(conn.clone());
         }
         // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, no writeback cache.
-        let dir = Arc::new(MountDir::new(mountpoint.to_path_buf()));
+        let dir = MountDir::new(mountpoint.to_path_buf());
         let fixer = root.then(|| Arc::new(AttrFixer::new(conn.clone(), dir.clone())));
         // Host locks need fanotify to see closes of locked files (fuse/locks.rs), so root; a
         // mount without them keeps locks local to this guest, as before.

@@ -5,21 +5,7 @@ mod common;
 mod posix;
 
 use common::TestMount;
-
-/// Cases whose outcome legitimately differs through Tether today, each with its reason.
-/// Keep this list short and honest; a case here still runs and must not panic.
-const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
-    (
-        "mknod_chardev",
-        "the server refuses to create device nodes: a guest must not be able to plant a \
-         device file on the host (the mount is nodev as well)",
-    ),
-    (
-        "o_tmpfile",
-        "fuser 0.18 has no FUSE_TMPFILE operation, so the kernel answers EOPNOTSUPP, as on \
-         NFS; programs fall back to named temporary files",
-    ),
-];
+use posix::known::{check, KNOWN_DIFFERENCES};
 
 /// Cases that differ when the server squashes ownership (its default): every file is the
 /// guest owner's, so giving one away is refused (docs/security.md, "Ownership").
@@ -106,22 +92,8 @@ fn compare_with_native(t: &TestMount, known: &[(&str, &str)]) {
         .unwrap();
     let native = posix::run_all(native_dir.path());
     let mounted = posix::run_all(&t.mnt);
-    let mut diffs = posix::diff(&native, &mounted);
-    for (case, why) in known {
-        assert!(
-            diffs.iter().any(|d| d.starts_with(&format!("{case}["))),
-            "{case} is listed as a known difference ({why}) but now matches: remove it"
-        );
+    let diffs = posix::diff(&native, &mounted);
+    if let Err(e) = check(&diffs, known) {
+        panic!("{e}");
     }
-    diffs.retain(|d| {
-        !known.iter().any(|(case, _)| {
-            d.starts_with(&format!("{case}[")) || d.starts_with(&format!("{case}:"))
-        })
-    });
-    assert!(
-        diffs.is_empty(),
-        "{} differences between native and Tether:\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
 }

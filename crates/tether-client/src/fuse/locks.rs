@@ -713,8 +713,11 @@ impl LockThread {
     /// The mount's id, as /proc/*/fdinfo gives it for its files.
     fn mount_id(&mut self) -> Option<u64> {
         if self.mount_id.is_none() {
+            // The user's mount, not the clone the helpers open the root through.
             self.mount_id = (self.dir)
-                .with(|root| fdinfo_field(std::process::id(), root.as_raw_fd(), "mnt_id:"))
+                .with_user_mount(|root| {
+                    fdinfo_field(std::process::id(), root.as_raw_fd(), "mnt_id:")
+                })
                 .flatten();
         }
         self.mount_id

@@ -17,6 +17,7 @@ mod cases_dir;
 mod cases_io;
 mod cases_meta;
 mod cases_misc;
+pub mod known;
 mod sys;
 
 use sys::*;
@@ -346,12 +347,17 @@ impl Ctx {
         self.setup(&format!("write_file({rel})"), r).is_some()
     }
 
-    /// Runs a command as uid/gid 65534 (via setpriv) with the case dir as the working directory
-    /// and records exit status, stdout and the errno text of the first stderr line.
+    /// Runs a command as uid/gid 65534 with the case dir as the working directory and records
+    /// exit status, stdout and the errno text of the first stderr line. The child drops to
+    /// nobody itself (std's `uid` and `gid`: setgid, setgroups(0), setuid before the exec, as
+    /// `setpriv --reuid --regid --clear-groups` does), so no util-linux is needed: the VM
+    /// tests run the suite in a busybox guest, whose setpriv has no such options.
     pub fn as_nobody(&mut self, label: &str, argv: &[&str]) {
-        let mut cmd = std::process::Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .args(argv)
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(argv[0]);
+        cmd.args(&argv[1..])
+            .uid(65534)
+            .gid(65534)
             .current_dir(&self.dir)
             .env("LC_ALL", "C")
             .env("LANG", "C")
