@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::host_change::HostChange as Change;
 use crate::inotify::{Event, Watch};
 use crate::report::fmt_secs;
 use crate::sys::{self, Interrupt, Machine, Rng};
@@ -26,49 +27,9 @@ const GIVE_UP_AFTER: u32 = 3;
 const REWRITE_LEN: usize = 4096;
 const APPEND_LEN: u64 = 64;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Change {
-    Rewrite,
-    Append,
-    Truncate,
-    Chmod,
-    Utimes,
-    Create,
-    Delete,
-    Rename,
-    Mkdir,
-    Rmdir,
-}
-
-const KINDS: [Change; 10] = [
-    Change::Rewrite,
-    Change::Append,
-    Change::Truncate,
-    Change::Chmod,
-    Change::Utimes,
-    Change::Create,
-    Change::Delete,
-    Change::Rename,
-    Change::Mkdir,
-    Change::Rmdir,
-];
+const KINDS: [Change; 10] = Change::ALL;
 
 impl Change {
-    fn name(self) -> &'static str {
-        match self {
-            Change::Rewrite => "rewrite",
-            Change::Append => "append",
-            Change::Truncate => "truncate",
-            Change::Chmod => "chmod",
-            Change::Utimes => "utimes",
-            Change::Create => "create",
-            Change::Delete => "delete",
-            Change::Rename => "rename",
-            Change::Mkdir => "mkdir",
-            Change::Rmdir => "rmdir",
-        }
-    }
-
     /// The inotify event a watcher of the directory expects for this change (what the same
     /// change made locally raises; setting only the mtime is IN_MODIFY).
     fn event(self) -> (u32, &'static str) {

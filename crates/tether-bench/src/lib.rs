@@ -19,6 +19,7 @@
 //! server's internals.
 
 mod fsx;
+pub mod host_change;
 mod inotify;
 mod latency;
 mod report;
@@ -32,6 +33,7 @@ use anyhow::Result;
 use clap::Args;
 
 pub use fsx::{run_fsx, FsxArgs};
+pub use host_change::HostChange;
 
 /// `tether bench`: its arguments.
 #[derive(Args, Debug)]

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{ChildLog, TETHER};
+use tether_bench::HostChange as Change;
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/vm");
 
@@ -819,32 +820,7 @@ umount_src
 
 /// The kinds of host change guest_side_of_host_changes times. Each trial has its own
 /// directory, changes/KIND-N, which the host prepares before the guest boots.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Change {
-    Rewrite,
-    Append,
-    Truncate,
-    Chmod,
-    Utimes,
-    Create,
-    Delete,
-    Rename,
-    Mkdir,
-    Rmdir,
-}
-
-const CHANGES: [Change; 10] = [
-    Change::Rewrite,
-    Change::Append,
-    Change::Truncate,
-    Change::Chmod,
-    Change::Utimes,
-    Change::Create,
-    Change::Delete,
-    Change::Rename,
-    Change::Mkdir,
-    Change::Rmdir,
-];
+const CHANGES: [Change; 10] = Change::ALL;
 
 /// The mtime the host's utimes sets (seconds since the epoch).
 const SET_MTIME: i64 = 1_000_000_000;
@@ -870,26 +846,15 @@ fn content(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
-impl Change {
-    fn name(self) -> &'static str {
-        match self {
-            Change::Rewrite => "rewrite",
-            Change::Append => "append",
-            Change::Truncate => "truncate",
-            Change::Chmod => "chmod",
-            Change::Utimes => "utimes",
-            Change::Create => "create",
-            Change::Delete => "delete",
-            Change::Rename => "rename",
-            Change::Mkdir => "mkdir",
-            Change::Rmdir => "rmdir",
-        }
-    }
+/// What a trial of each kind of change does, on the host and in the guest.
+trait Trial {
+    fn prepare(self, d: &Path);
+    fn make(self, d: &Path) -> std::io::Result<()>;
+    fn warm(self, d: &Path);
+    fn visible(self, d: &Path) -> bool;
+}
 
-    fn from_name(name: &str) -> Option<Change> {
-        CHANGES.into_iter().find(|c| c.name() == name)
-    }
-
+impl Trial for Change {
     /// Host: the state before the change, in the trial's (new) directory `d`.
     fn prepare(self, d: &Path) {
         let write = |name: &str, text: &str| std::fs::write(d.join(name), text).unwrap();
