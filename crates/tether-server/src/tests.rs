@@ -13,7 +13,11 @@ use crate::export::{Export, ExportFs, ExportOptions};
 use crate::ops;
 
 fn watched_session(dir: &Path) -> ExportFs {
-    let export = Export::open(dir, &ExportOptions::default()).unwrap();
+    watched_session_with(dir, &ExportOptions::default())
+}
+
+fn watched_session_with(dir: &Path, opts: &ExportOptions) -> ExportFs {
+    let export = Export::open(dir, opts).unwrap();
     ExportFs::new(export, true, false, (0, 0)).unwrap()
 }
 
@@ -54,9 +58,18 @@ fn drain(fs: &ExportFs) -> Vec<Invalidation> {
 #[test]
 fn a_host_write_just_before_a_rename_invalidates_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    host_write_just_before_a_rename(&watched_session, dir.path());
+}
+
+/// A host write to file `a` the session holds, then its rename to `b`: the file's node is
+/// invalidated. Returns the invalidations the watcher made of both.
+fn host_write_just_before_a_rename(
+    session: &dyn Fn(&Path) -> ExportFs,
+    dir: &Path,
+) -> Vec<Invalidation> {
+    let (a, b) = (dir.join("a"), dir.join("b"));
     std::fs::write(&a, b"old content").unwrap();
-    let fs = watched_session(dir.path());
+    let fs = session(dir);
     let node = lookup(&fs, b"a");
     drain(&fs);
     let f = std::fs::OpenOptions::new().write(true).open(&a).unwrap();
@@ -68,6 +81,7 @@ fn a_host_write_just_before_a_rename_invalidates_the_file() {
         items.contains(&Invalidation::Inode(node)),
         "the renamed file's node {node} was not invalidated: {items:?}"
     );
+    items
 }
 
 /// The size a lookup of the empty file "f" answers with, when a host write of 4,096
@@ -280,25 +294,12 @@ fn own_changes_in_a_new_directory_are_not_echoed_when_read_late() {
 #[test]
 fn with_the_portable_watcher_a_host_write_before_a_rename_invalidates_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    std::fs::write(&a, b"old content").unwrap();
-    let opts = ExportOptions {
+    let portable = ExportOptions {
         backend: crate::export::BackendKind::Portable,
         ..ExportOptions::default()
     };
-    let export = Export::open(dir.path(), &opts).unwrap();
-    let fs = ExportFs::new(export, true, false, (0, 0)).unwrap();
-    let node = lookup(&fs, b"a");
-    drain(&fs);
-    let f = std::fs::OpenOptions::new().write(true).open(&a).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, b"new", 0).unwrap();
-    drop(f);
-    std::fs::rename(&a, &b).unwrap();
-    let items = drain(&fs);
-    assert!(
-        items.contains(&Invalidation::Inode(node)),
-        "the renamed file's node {node} was not invalidated: {items:?}"
-    );
+    let items =
+        host_write_just_before_a_rename(&|d| watched_session_with(d, &portable), dir.path());
     assert!(items.contains(&Invalidation::Entry {
         parent: ROOT_NODE,
         name: Bytes::from_static(b"a"),

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
-use super::sys::{cvt, cvt_isize, fstat, lseek, openat, raw_at};
+use super::sys::{cvt, cvt_isize, fstat, lseek, openat, raw_at, xattr_out};
 use super::{At, RangeLock, RawDirEntry, SysResult};
 
 /// The /proc path of a descriptor, for the calls that take only a path (xattrs, truncate,
@@ -204,15 +204,6 @@ pub fn copy_file_range(
         )
     })?;
     Ok(n as u64)
-}
-
-/// Where an xattr call writes: a null pointer for an empty buffer, which asks for the size.
-fn xattr_out(buf: &mut [u8]) -> *mut libc::c_void {
-    if buf.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        buf.as_mut_ptr().cast()
-    }
 }
 
 pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {

@@ -911,22 +911,14 @@ mod object {
 
     pub fn preallocate(_fd: BorrowedFd<'_>, _offset: u64, _len: u64) {}
 
-    fn out(buf: &mut [u8]) -> *mut libc::c_void {
-        if buf.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            buf.as_mut_ptr().cast()
-        }
-    }
-
     pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-        let (o, len) = (out(buf), buf.len());
+        let (o, len) = (sys::xattr_out(buf), buf.len());
         // SAFETY: `o` is null or writable for `len` bytes.
         sys::cvt_isize(unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), o, len) })
     }
 
     pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut [u8]) -> SysResult<usize> {
-        let (o, len) = (out(buf), buf.len());
+        let (o, len) = (sys::xattr_out(buf), buf.len());
         // SAFETY: as for fgetxattr.
         sys::cvt_isize(unsafe { libc::flistxattr(fd.as_raw_fd(), o.cast(), len) })
     }
@@ -1072,16 +1064,8 @@ mod object {
         })
     }
 
-    fn out(buf: &mut [u8]) -> *mut libc::c_void {
-        if buf.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            buf.as_mut_ptr().cast()
-        }
-    }
-
     pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> SysResult<usize> {
-        let (o, len) = (out(buf), buf.len());
+        let (o, len) = (sys::xattr_out(buf), buf.len());
         // SAFETY: `o` is null or writable for `len` bytes.
         nodata(sys::cvt_isize(unsafe {
             libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), o, len, 0, 0)
@@ -1089,7 +1073,7 @@ mod object {
     }
 
     pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut [u8]) -> SysResult<usize> {
-        let (o, len) = (out(buf), buf.len());
+        let (o, len) = (sys::xattr_out(buf), buf.len());
         // SAFETY: as for fgetxattr.
         sys::cvt_isize(unsafe { libc::flistxattr(fd.as_raw_fd(), o.cast(), len, 0) })
     }

@@ -250,3 +250,12 @@ pub fn flock_nb(fd: BorrowedFd<'_>, op: i32) -> SysResult<()> {
     // (EWOULDBLOCK is EAGAIN on Linux.)
     cvt(unsafe { libc::flock(fd.as_raw_fd(), op | libc::LOCK_NB) }).map(|_| ())
 }
+
+/// Where an xattr call writes: a null pointer for an empty buffer, which asks for the size.
+pub fn xattr_out(buf: &mut [u8]) -> *mut libc::c_void {
+    if buf.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        buf.as_mut_ptr().cast()
+    }
+}
