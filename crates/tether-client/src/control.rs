@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Where the status socket of `mountpoint` lives.
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let canonical = canonical_mountpoint(mountpoint);
     // FNV-1a: short, stable, and socket paths are limited to 108 bytes.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in canonical.as_os_str().as_encoded_bytes() {
@@ -22,6 +22,30 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
         std::env::temp_dir().join(format!("tether-{}", unsafe { libc::geteuid() }))
     };
     dir.join(format!("mount-{h:016x}.sock"))
+}
+
+/// The mount point's canonical path, found without asking the mount itself where it can
+/// be: canonicalizing the whole path stats the mount's root, which waits for the server
+/// when the kernel's copy of its attributes has lapsed, so a `tether status` of a mount
+/// whose server hangs would hang too. The parent's canonical path and the last name are the
+/// same path unless the name is a symlink (readlink answers that without the mount).
+fn canonical_mountpoint(mountpoint: &Path) -> PathBuf {
+    let whole = || std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let (Some(parent), Some(name)) = (mountpoint.parent(), mountpoint.file_name()) else {
+        return whole(); // "/", or a path ending in ".." or "."
+    };
+    if std::fs::read_link(mountpoint).is_ok() {
+        return whole();
+    }
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    match std::fs::canonicalize(parent) {
+        Ok(p) => p.join(name),
+        Err(_) => whole(),
+    }
 }
 
 /// How long the mount process waits for a request line before it takes the connection

@@ -165,7 +165,7 @@ enum Command {
         /// small writes near native speed, but a stat of a file closed since its last stat
         /// asks the client, so warm greps and copies are several times slower;
         /// docs/coherence.md, "Writeback cache").
-        #[arg(long, default_value = "through", value_name = "MODE")]
+        #[arg(long, default_value = "create-behind", value_name = "MODE")]
         writes: WriteMode,
         /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
         /// later), one queue per CPU, so that a request is served on the CPU that made it.

@@ -164,52 +164,148 @@ fn a_write_the_server_fails_after_answering_reaches_the_next_write_or_fsync() {
     server.stop_with(libc::SIGTERM);
 }
 
-/// An unmount while writes answered early are still on their way (the server is stopped,
-/// so they wait in the socket): the client's exit waits for the server to have every one.
+/// close() waits until the host has every write answered early (FLUSH, fuse/io.rs): with
+/// the server stopped the writes wait in the socket, and close() does not return until the
+/// server, continued, has written them; the host has the whole file when it returns, and an
+/// unmount then loses nothing.
 #[test]
-fn an_unmount_right_after_writing_loses_nothing() {
+fn close_returns_once_the_host_has_every_write_answered_early() {
     require_mount!();
-    if skipped_with_the_writeback_cache() {
+    if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
     let mut t = TestMount::start_with(&[], &["--writes=behind"]);
-    let mut f = File::create(t.mnt.join("last")).unwrap();
+    let f = File::create(t.mnt.join("last")).unwrap();
     let server = t.server.child.id() as i32;
-    // SAFETY: signalling our own child; it is continued below, or killed by Drop.
-    unsafe { libc::kill(server, libc::SIGSTOP) };
-    let resume = Resume(server);
+    let resume = stop(server);
+    // Answered early: they return while the server is stopped.
+    let expected = write_blocks(&f, 25);
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || closed_tx.send(close(f)).unwrap());
+    assert!(
+        closed.recv_timeout(Duration::from_millis(500)).is_err(),
+        "close() returned before the stopped server had the writes"
+    );
+    drop(resume);
+    let outcome = closed
+        .recv_timeout(Duration::from_secs(20))
+        .expect("close() did not return once the server was continued");
+    closer.join().unwrap();
+    assert_eq!(outcome, Ok(()), "close() failed");
+    let got = fs::read(t.export.join("last")).unwrap();
+    assert!(
+        got == expected,
+        "the host lacks writes when close() returned: {} of {} bytes",
+        got.len(),
+        expected.len()
+    );
+    t.mount.stop();
+    assert_eq!(fs::read(t.export.join("last")).unwrap(), expected);
+}
+
+/// The server is killed between a guest's write()s, answered early, and its close(), and
+/// does not come back: close() reports the error (EIO once `--timeout` has passed) instead
+/// of returning as if the data were on the host, and the guest then sees the host's file.
+#[test]
+fn a_server_killed_between_write_and_close_makes_close_fail() {
+    require_mount!();
+    if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
+        return;
+    }
+    let mut t = TestMount::start_with(&[], &["--timeout", "2"]);
+    fs::write(t.export.join("f"), b"host\n").unwrap();
+    let next_server = common::Server::prepare(&t.export, &t.server.address);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(t.mnt.join("f"))
+        .unwrap();
+    let server = t.server.child.id() as i32;
+    let _resume = stop(server);
+    write_blocks(&f, 4);
+    t.server.stop_with(libc::SIGKILL);
+    let started = std::time::Instant::now();
+    let outcome = close(f);
+    assert_eq!(
+        outcome,
+        Err(libc::EIO),
+        "close() after writes the server never had (after {:?})",
+        started.elapsed()
+    );
+    assert_eq!(fs::read(t.export.join("f")).unwrap(), b"host\n");
+    t.server = next_server.start();
+    common::wait_until(
+        "the guest sees the host's file",
+        Duration::from_secs(10),
+        || fs::read(t.mnt.join("f")).ok().as_deref() == Some(b"host\n"),
+    );
+}
+
+/// The same, but the server comes back before the timeout: the client sends the writes
+/// again, and close() returns with the host holding every one.
+#[test]
+fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
+    require_mount!();
+    if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
+        return;
+    }
+    let mut t = TestMount::start();
+    fs::write(t.export.join("f"), b"").unwrap();
+    let next_server = common::Server::prepare(&t.export, &t.server.address);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(t.mnt.join("f"))
+        .unwrap();
+    let server = t.server.child.id() as i32;
+    let _resume = stop(server);
+    let expected = write_blocks(&f, 8);
+    t.server.stop_with(libc::SIGKILL);
+    t.server = next_server.start();
+    assert_eq!(close(f), Ok(()));
+    assert!(
+        fs::read(t.export.join("f")).unwrap() == expected,
+        "the restarted server does not have the writes close() waited for"
+    );
+}
+
+/// Writes `n` 4 KiB blocks of a pattern through `f`, returning what was written.
+fn write_blocks(mut f: &File, n: u32) -> Vec<u8> {
     let mut expected = Vec::new();
-    for i in 0..25u32 {
+    for i in 0..n {
         let block: Vec<u8> = (0..4096u32).map(|j| (i * 7 + j / 3) as u8).collect();
         std::io::Write::write_all(&mut f, &block).unwrap();
         expected.extend_from_slice(&block);
     }
-    drop(f);
-    assert!(
-        write_behind_count(&t.mnt, "in flight") >= 20,
-        "the writes did not wait for the stopped server:\n{}",
-        common::status(&t.mnt)
-    );
-    let c = std::ffi::CString::new(t.mnt.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: c is a valid C string.
-    let r = unsafe { libc::umount2(c.as_ptr(), 0) };
-    assert_eq!(r, 0, "umount: {}", std::io::Error::last_os_error());
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        matches!(t.mount.child.try_wait(), Ok(None)),
-        "the client ended with writes still waiting for the server"
-    );
-    drop(resume);
-    common::wait_until("the client exits", Duration::from_secs(10), || {
-        matches!(t.mount.child.try_wait(), Ok(Some(_)))
-    });
-    let got = fs::read(t.export.join("last")).unwrap();
-    assert_eq!(
-        got.len(),
-        expected.len(),
-        "the host has only part of the file"
-    );
-    assert!(got == expected, "the host's copy differs");
+    expected
+}
+
+/// close(2) of `f`, with its error (which dropping a `File` would discard).
+fn close(f: File) -> Result<(), i32> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was owned by `f` and is closed once here.
+    match unsafe { libc::close(fd) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Stops our child process `pid` (SIGSTOP) and returns once every thread of it is stopped,
+/// with what continues it when dropped.
+fn stop(pid: i32) -> Resume {
+    // SAFETY: signalling the test's own child; Resume's Drop continues it.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let resume = Resume(pid);
+    let stopped = || {
+        let tasks = fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        tasks.map(|t| t.unwrap().path().join("stat")).all(|stat| {
+            // "pid (comm) STATE ...": the state follows the last ')'.
+            let s = fs::read_to_string(stat).unwrap_or_default();
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    };
+    common::wait_until("the server stops", Duration::from_secs(5), stopped);
+    resume
 }
 
 /// Continues a stopped process when dropped (also when the test fails).
@@ -222,18 +318,15 @@ impl Drop for Resume {
     }
 }
 
-/// Without `--writes=behind` every write waits for the server: the host has it when
-/// write() returns.
+/// With `--writes=through` every write waits for the server: the host has it when
+/// write() returns. The default answers them early.
 #[test]
-fn by_default_no_write_is_answered_early() {
+fn with_writes_through_no_write_is_answered_early() {
     require_mount!();
-    if skipped_with_the_writeback_cache()
-        || skipped_with("--writes=behind")
-        || skipped_with("--writes=create-behind")
-    {
+    if skipped_with_the_writeback_cache() {
         return;
     }
-    let t = TestMount::start();
+    let t = TestMount::start_with(&[], &["--writes=through"]);
     let mut f = File::create(t.mnt.join("f")).unwrap();
     for i in 0..200u8 {
         std::io::Write::write_all(&mut f, &[i; 1000]).unwrap();
@@ -248,6 +341,15 @@ fn by_default_no_write_is_answered_early() {
     assert!(
         status.contains("write-behind: off (every write() waits for the server"),
         "{status}"
+    );
+    if std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--writes")) {
+        return; // the suite chose the mode
+    }
+    let default = TestMount::start();
+    let status = common::status(&default.mnt);
+    assert!(
+        status.contains("write-behind: on") && status.contains("file creations answered"),
+        "the default mount does not write behind: {status}"
     );
 }
 
@@ -375,9 +477,7 @@ fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, Re
     // have it do so now, while the server still answers.
     let _ = fs::metadata(dir.join("x"));
     let server = t.server.child.id() as i32;
-    // SAFETY: signalling our own child; Resume's Drop continues it.
-    unsafe { libc::kill(server, libc::SIGSTOP) };
-    (dir, Resume(server))
+    (dir, stop(server))
 }
 
 /// Opens `path` with `open` (a creation) and writes `data` to it on a thread of its own,
@@ -450,6 +550,7 @@ fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
         return;
     }
     let mut t = TestMount::start_with(&[], &["--writes=create-behind"]);
+    let next_server = common::Server::prepare(&t.export, &t.server.address);
     let (dir, resume) = stop_the_server_with_spares_at_hand(&t);
     let mut open = OpenOptions::new();
     open.write(true).create_new(true);
@@ -458,8 +559,7 @@ fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
     std::mem::forget(resume);
     t.server.stop_with(libc::SIGKILL);
     assert!(!t.export.join("d/y").exists());
-    let address = t.server.address.clone();
-    t.server = common::Server::start(&t.export, &address, &[]);
+    t.server = next_server.start();
     let mut f = writer.join().unwrap();
     f.write_all(b"after it\n").unwrap();
     f.sync_all().expect("fsync of the file made again");

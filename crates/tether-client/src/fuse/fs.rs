@@ -59,7 +59,7 @@ impl Default for CachePolicy {
         CachePolicy {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
-            writes: WriteMode::Through,
+            writes: WriteMode::default(),
         }
     }
 }
@@ -486,12 +486,12 @@ impl Filesystem for TetherFs {
     fn flush(
         &self,
         _req: &FuseRequest,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.on_flush(reply)
+        self.on_flush(node_of(ino), reply)
     }
 
     fn release(

@@ -233,11 +233,28 @@ impl TetherFs {
         self.written_call(req, msg, reply);
     }
 
-    pub(super) fn on_flush(&self, reply: ReplyEmpty) {
-        // The kernel writes back a file's dirty pages itself at close() before it would send
-        // FLUSH, and write errors come back to those writes: ENOSYS stops the kernel sending
-        // FLUSH on every close().
-        reply.error(Errno::ENOSYS);
+    /// close(): with writes answered early, FLUSH is where the guest's close() waits until
+    /// the host has every write to the file sent before it (and its creation, when that was
+    /// answered early), and where an error of one of them is reported: the contract NFS
+    /// users rely on (write/behind.rs). Answered here, without a request to the server: the
+    /// replies to those writes are what it waits for.
+    pub(super) fn on_flush(&self, ino: NodeId, reply: ReplyEmpty) {
+        if !self.write_behind.on() {
+            // Every write waited for the server, or the kernel's writeback cache writes a
+            // file's dirty pages back itself at close() before it would send FLUSH (and
+            // write errors come back to those writes): ENOSYS stops the kernel sending FLUSH
+            // on every close().
+            reply.error(Errno::ENOSYS);
+            return;
+        }
+        let wb = self.write_behind.clone();
+        let answer = move || match wb.take_error(ino) {
+            Some(e) => reply.error(errno(e)),
+            None => reply.ok(),
+        };
+        if let Err(now) = self.write_behind.after_writes(ino, Box::new(answer)) {
+            now();
+        }
     }
 
     /// No ioctl reaches the host: answered here as a local file system answers one it does

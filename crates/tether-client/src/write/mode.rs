@@ -7,16 +7,17 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriteMode {
     /// Every `write()` reaches the host before it returns, and an error comes back from
-    /// the write that caused it (the default).
-    #[default]
+    /// the write that caused it: a server round trip per `write()`.
     Through,
     /// A small `write()` is answered once its WRITE is on its way (write/behind.rs): the
-    /// guest sees it at once, a host process may see it a moment after `write()` or
-    /// `close()` returned, and an error reaches the next `write()` or `fsync()`.
+    /// guest sees it at once, a host process may see it a moment after `write()` returned
+    /// but has it when `close()` or `fsync()` returns, and an error reaches the next
+    /// `write()`, `close()` or `fsync()` of the file.
     Behind,
     /// `Behind`, and a file creation is answered with a file the server made ahead
-    /// (write/spares.rs). A creation still on its way when the connection is lost is made again
-    /// by the reconnect.
+    /// (write/spares.rs), named on the host before `close()` returns. A creation still on
+    /// its way when the connection is lost is made again by the reconnect. The default.
+    #[default]
     CreateBehind,
     /// The guest kernel caches writes and sends them at close, fsync, unlock or within
     /// about 20 ms (invalidate/fixer.rs); needs pushed invalidations, else writes go through.

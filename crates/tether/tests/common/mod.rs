@@ -218,6 +218,28 @@ impl Server {
         server
     }
 
+    /// A server for `dir` on `address` whose process starts now but serves only once
+    /// [`PreparedServer::start`] says so: for a test that kills its server while it holds
+    /// a file of the mount with writes in flight. Started then, a new process's exec would
+    /// close its copy of that file, and a close waits for the server to have the writes.
+    pub fn prepare(dir: &Path, address: &str) -> PreparedServer {
+        let more = std::env::var("TETHER_TEST_SERVE_ARGS").unwrap_or_default();
+        let child = Command::new("sh")
+            .args(["-c", "read _ && exec \"$0\" \"$@\"", TETHER, "serve"])
+            .arg(dir)
+            .args(["--listen", address])
+            .args(more.split_whitespace())
+            .stdin(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sh for tether serve");
+        PreparedServer(Some(Server {
+            child,
+            address: address.to_string(),
+            log: None,
+        }))
+    }
+
     fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -235,6 +257,30 @@ impl Server {
                 self.address
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A server process waiting to serve ([`Server::prepare`]); dropped unstarted, it ends.
+pub struct PreparedServer(Option<Server>);
+
+impl PreparedServer {
+    /// Lets the server start (it execs `tether serve`) and waits until it listens.
+    pub fn start(mut self) -> Server {
+        let mut server = self.0.take().unwrap();
+        let mut go = server.child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut go, b"go\n").expect("tell sh to start tether serve");
+        drop(go);
+        server.wait_listening();
+        server
+    }
+}
+
+impl Drop for PreparedServer {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.0.take() {
+            drop(s.child.stdin.take()); // `read` fails at end of input: sh exits
+            let _ = s.child.wait();
         }
     }
 }
@@ -308,7 +354,10 @@ pub fn host_event_counts(mnt: &Path) -> (u64, u64, u64) {
 
 /// The report of `tether status MNT`.
 pub fn status(mnt: &Path) -> String {
-    tether_ok(&[Path::new("status"), mnt])
+    // In this process, not by running `tether status`: a child's exec closes its copies of
+    // the test's descriptors, and closing a file with writes in flight waits for the server
+    // (FLUSH), which some tests hold stopped.
+    tether_client::status::query(mnt).unwrap_or_else(|e| panic!("status of {}: {e}", mnt.display()))
 }
 
 /// How many requests of operation `op` (as `tether status` names it) the mount has sent,
