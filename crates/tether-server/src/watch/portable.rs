@@ -48,10 +48,6 @@ pub struct PathEvent {
     pub flags: u32,
 }
 
-/// How long events gather after the first one wakes the watcher (FSEvents adds its own
-/// latency on macOS; see docs/macos.md).
-const SETTLE: Duration = Duration::from_millis(2);
-
 /// Watched directories by path and by node.
 #[derive(Default)]
 struct Dirs {
@@ -294,12 +290,12 @@ impl Watcher for PortableWatcher {
         }
     }
 
+    /// Waits for the source (FSEvents adds its own latency on macOS; see docs/macos.md);
+    /// gathering a burst is [`Watch::wait`]'s (coalesce.rs).
+    ///
+    /// [`Watch::wait`]: super::coalesce::Watch::wait
     fn wait(&self, timeout: Duration) -> bool {
-        if !self.source.wait(&self.queue, timeout) {
-            return false;
-        }
-        std::thread::sleep(SETTLE);
-        true
+        self.source.wait(&self.queue, timeout)
     }
 
     fn drain(&self) -> io::Result<Batch> {
