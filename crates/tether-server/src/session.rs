@@ -316,7 +316,7 @@ impl Pusher {
 
 /// Sends the client INVALIDATE pushes for every batch of host changes to what it holds.
 /// Waits for the watch queues without holding the [`Pusher`], so a SYNC never waits for
-/// the 2 ms the watcher lets events gather.
+/// the 2 ms the watcher lets a burst of events gather.
 fn push_changes(watch: &Watch, pusher: &Pusher, writer: &SharedWriter, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         if !watch.wait(Duration::from_millis(200)) {

@@ -1120,12 +1120,15 @@ impl Coherence {
                 r.admit(&mut backlog, w.events);
                 admitted = w.batch;
             }
+            tracing::trace!(admitted, "replay: host events admitted");
             if let Some(f) = self.fixer.get() {
                 // The fixes of the files these events are about were queued before the
                 // events were sent here: a watcher woken by an event must read the new size.
                 f.settle(FIX_WAIT_AT_MOST);
+                tracing::trace!("replay: fixes settled");
             }
             r.replay(&mut backlog, &notifier, REPLAY_SLICE);
+            tracing::trace!(done = backlog.is_empty(), "replay: replayed");
             if backlog.is_empty() {
                 // A replay sets a file's times to what the kernel showed when it ran, which
                 // may predate a fix made meanwhile by the invalidation thread: fix again.

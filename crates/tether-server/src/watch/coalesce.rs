@@ -9,7 +9,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -23,6 +23,88 @@ use crate::nodes::{Node, NodeTable};
 /// Files with someone else's change not yet closed that are remembered at most (a writer
 /// that never closes, or a file deleted first, is forgotten when the table is full).
 const MAX_FOREIGN_WRITERS: usize = 65_536;
+
+/// The longest events gather after the first one wakes the watcher during a burst. A guest
+/// writing or creating files makes three or four events per file, each of which would wake
+/// the watcher (and preempt the worker answering the guest) on its own; a `git checkout` on
+/// the host makes thousands, each of which would be a push. Gathered, inotify also merges
+/// repeats (a file's IN_MODIFY per write), and one push carries many.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// The first gathering of a burst; each wake-up that follows closely doubles it, up to
+/// [`SETTLE`].
+const SETTLE_FIRST: Duration = Duration::from_micros(250);
+
+/// Events that come after the watch queues were empty this long are not part of a burst:
+/// they are read and pushed at once (see [`Burst`]).
+const QUIET: Duration = Duration::from_micros(200);
+
+/// Wake-ups that follow closely (within [`QUIET`]) but are read at once, before gathering
+/// starts: a single host change makes two or three (a write's IN_MODIFY, then its
+/// IN_CLOSE_WRITE a moment later), and none of them should wait.
+const QUICK_FOLLOWERS: u32 = 2;
+
+/// A batch of this many events is a burst: the wake-up that follows it closely gathers for
+/// [`SETTLE`] at once.
+const BIG_BATCH: usize = 64;
+
+/// More than this many wake-ups within [`RATE_WINDOW`] are a burst too, however far apart
+/// (a host process writing a file every millisecond): the next ones gather for [`SETTLE`],
+/// which keeps a steady stream of changes to about one push per [`SETTLE`] plus
+/// `RATE_WAKES` per window, where it was one per [`SETTLE`] before.
+const RATE_WAKES: usize = 16;
+const RATE_WINDOW: Duration = Duration::from_millis(10);
+
+/// Whether watch events come in a burst, and for how long to let them gather.
+///
+/// A single change after a quiet moment is read and pushed at once: its guest sees it
+/// without waiting. Wake-ups that keep following each other closely (the queues never
+/// stay empty for [`QUIET`]) are a burst, which gathers for longer and longer: after
+/// [`QUICK_FOLLOWERS`] wake-ups read at once, [`SETTLE_FIRST`], doubled at each wake-up, up
+/// to [`SETTLE`]; so is a big batch ([`BIG_BATCH`]) or a fast stream of wake-ups
+/// ([`RATE_WAKES`]). A `git checkout` on the host or a guest writing many files so costs
+/// about one push (and one wake-up of the watcher) per [`SETTLE`], as before.
+#[derive(Debug, Default)]
+struct Burst {
+    /// Wake-ups in a row that came within [`QUIET`] of the last.
+    level: u32,
+    /// Events in the last batch taken from the backend.
+    last_batch: usize,
+    /// The last [`RATE_WAKES`] wake-ups.
+    wakes: std::collections::VecDeque<Instant>,
+}
+
+impl Burst {
+    /// Events woke the watcher at `now`, after the queues had been empty for `quiet`: how
+    /// long to let more gather before reading them.
+    fn woken(&mut self, now: Instant, quiet: Duration) -> Duration {
+        let fast = self.wakes.len() >= RATE_WAKES
+            && self.wakes.front().is_some_and(|&t| now - t < RATE_WINDOW);
+        if self.wakes.len() >= RATE_WAKES {
+            self.wakes.pop_front();
+        }
+        self.wakes.push_back(now);
+        if quiet >= QUIET {
+            self.level = 0;
+            return if fast { SETTLE } else { Duration::ZERO };
+        }
+        self.level = self.level.saturating_add(1);
+        if fast || self.last_batch >= BIG_BATCH {
+            return SETTLE;
+        }
+        match self.level.checked_sub(QUICK_FOLLOWERS + 1) {
+            None => Duration::ZERO,
+            Some(doublings) => SETTLE_FIRST
+                .saturating_mul(1 << doublings.min(16))
+                .min(SETTLE),
+        }
+    }
+
+    /// Nothing came for a whole wait.
+    fn idle(&mut self) {
+        self.level = 0;
+    }
+}
 
 /// One batch of changes for the client.
 #[derive(Debug, Default)]
@@ -92,6 +174,8 @@ pub struct Watch {
     /// Held while a directory's watch is added ([`Watch::watch_dir`]) or a forgotten node's
     /// is dropped ([`Watch::forgotten`]).
     watching: Mutex<()>,
+    /// Whether events come in a burst ([`Watch::wait`]).
+    burst: Mutex<Burst>,
 }
 
 impl Watch {
@@ -112,6 +196,7 @@ impl Watch {
             foreign_writers: DashMap::new(),
             batches_seen: AtomicU64::new(0),
             watching: Mutex::new(()),
+            burst: Mutex::default(),
         }
     }
 
@@ -201,10 +286,38 @@ impl Watch {
         self.queued_changes()
     }
 
-    /// Waits up to `timeout` for watch events to be queued (and a moment for more to
-    /// gather); true if there may be some to read. Reads nothing.
+    /// Waits up to `timeout` for watch events to be queued; true if there may be some to
+    /// read. Reads nothing. Events after a quiet moment are there to read at once; events
+    /// that keep coming in a burst are first given a moment for more to gather ([`Burst`]).
     pub fn wait(&self, timeout: Duration) -> bool {
-        self.watcher.wait(timeout)
+        let start = Instant::now();
+        let woken = self.watcher.wait(timeout);
+        let quiet = start.elapsed();
+        let settle = {
+            let mut burst = self.burst.lock().unwrap_or_else(|e| e.into_inner());
+            if !woken {
+                burst.idle();
+                return false;
+            }
+            burst.woken(Instant::now(), quiet)
+        };
+        tracing::trace!(
+            quiet_us = quiet.as_micros() as u64,
+            settle_us = settle.as_micros() as u64,
+            "watch events"
+        );
+        if !settle.is_zero() {
+            std::thread::sleep(settle);
+        }
+        true
+    }
+
+    /// Records a batch of `n` events just taken from the backend.
+    fn took_batch(&self, n: usize) {
+        self.burst
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_batch = n;
     }
 
     fn node_fd(&self, id: NodeId) -> SysResult<(Arc<Node>, Arc<OwnedFd>)> {
@@ -237,10 +350,12 @@ impl Watch {
                 // Before any node is looked for (ops/lookup.rs, `state_now`).
                 if !e.is_empty() || !foreign.is_empty() {
                     self.batches_seen.fetch_add(1, Ordering::SeqCst);
+                    self.took_batch(e.len() + foreign.len());
                 }
                 (e, foreign)
             }
             Ok(Batch::Overflow) => {
+                self.took_batch(usize::MAX);
                 self.expected.forget();
                 tracing::warn!("watch queue overflowed: invalidating everything the client holds");
                 return Changes {
@@ -519,5 +634,61 @@ impl Watch {
                 c.invalidate(Invalidation::Inode(node.id));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUICK: Duration = Duration::from_micros(20);
+
+    #[test]
+    fn a_change_after_a_quiet_moment_is_read_at_once() {
+        let mut b = Burst::default();
+        let t = Instant::now();
+        assert_eq!(b.woken(t, Duration::from_secs(1)), Duration::ZERO);
+        // A write's IN_CLOSE_WRITE right after its IN_MODIFY: still at once.
+        for i in 1..=QUICK_FOLLOWERS {
+            assert_eq!(b.woken(t + QUICK * i, QUICK), Duration::ZERO);
+        }
+        // And the next change after a quiet moment, again.
+        assert_eq!(b.woken(t + Duration::from_millis(1), QUIET), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_burst_gathers_longer_and_longer_up_to_settle() {
+        let mut b = Burst::default();
+        let t = Instant::now();
+        let mut got = Vec::new();
+        for i in 0..8 {
+            got.push(b.woken(t + QUICK * i, if i == 0 { QUIET } else { QUICK }));
+        }
+        let us = |n| Duration::from_micros(n);
+        assert_eq!(
+            got,
+            [0, 0, 0, 250, 500, 1000, 2000, 2000].map(us),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_big_batch_or_a_fast_stream_gathers_for_settle() {
+        let mut b = Burst::default();
+        let t = Instant::now();
+        b.last_batch = BIG_BATCH;
+        assert_eq!(b.woken(t, QUICK), SETTLE);
+        // Quiet moments between wake-ups, but more than RATE_WAKES within RATE_WINDOW.
+        let mut b = Burst::default();
+        let step = RATE_WINDOW / (RATE_WAKES as u32 + 1);
+        let got: Vec<_> = (0..=RATE_WAKES as u32)
+            .map(|i| b.woken(t + step * i, QUIET))
+            .collect();
+        assert!(got[..RATE_WAKES].iter().all(|d| d.is_zero()), "{got:?}");
+        assert_eq!(got[RATE_WAKES], SETTLE);
+        // The same wake-ups spread over more than the window: all at once.
+        let mut b = Burst::default();
+        let step = RATE_WINDOW / (RATE_WAKES as u32 - 1);
+        assert!((0..=RATE_WAKES as u32 * 3).all(|i| b.woken(t + step * i, QUIET).is_zero()));
     }
 }

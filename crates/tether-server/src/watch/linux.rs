@@ -12,13 +12,6 @@ use super::fanotify::{Drained, ForeignChanges};
 use super::inotify::Inotify;
 use super::{Batch, ForeignChanged, Watcher};
 
-/// How long the watcher lets events gather after the first one wakes it. A guest writing or
-/// creating files makes three or four events per file, each of which would wake the watcher
-/// (and preempt the worker answering the guest) on its own; gathered, inotify also merges
-/// repeats (a file's IN_MODIFY per write). Small against the 50 ms a host change may take
-/// to show.
-const SETTLE: Duration = Duration::from_millis(2);
-
 pub struct LinuxWatcher {
     inotify: Inotify,
     /// Which process changed a file, where the kernel can tell.
@@ -60,7 +53,9 @@ impl Watcher for LinuxWatcher {
         self.inotify.unwatch(node);
     }
 
-    /// Waits for either queue, then `SETTLE` for more to gather.
+    /// Waits for either queue (gathering a burst is [`Watch::wait`]'s: coalesce.rs).
+    ///
+    /// [`Watch::wait`]: super::coalesce::Watch::wait
     fn wait(&self, timeout: Duration) -> bool {
         let pollfd = |fd: i32| libc::pollfd {
             fd,
@@ -79,11 +74,7 @@ impl Watcher for LinuxWatcher {
                 timeout.as_millis() as i32,
             )
         };
-        if n <= 0 {
-            return false;
-        }
-        std::thread::sleep(SETTLE);
-        true
+        n > 0
     }
 
     fn drain(&self) -> io::Result<Batch> {

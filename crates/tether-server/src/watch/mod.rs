@@ -86,8 +86,9 @@ pub trait Watcher: Send + Sync {
     /// Stops watching directory `node`; `fd`, if the server still has it, may help the
     /// backend let go of it.
     fn unwatch(&self, node: NodeId, fd: Option<&OwnedFd>);
-    /// Waits up to `timeout` for an event to be queued (and a moment for more to gather);
-    /// true if there is something to read, which another thread may read first.
+    /// Waits up to `timeout` for an event to be queued, and no longer (letting a burst
+    /// gather is [`Watch::wait`](coalesce::Watch::wait)'s); true if there is something to
+    /// read, which another thread may read first.
     fn wait(&self, timeout: Duration) -> bool;
     /// Every event queued now, without waiting: each change a system call completed before
     /// this call is in it (a SYNC relies on this).

@@ -49,7 +49,11 @@ pub struct PathEvent {
 }
 
 /// How long events gather after the first one wakes the watcher (FSEvents adds its own
-/// latency on macOS; see docs/macos.md).
+/// latency on macOS; see docs/macos.md). Always, not only in a burst: without close events
+/// a write is told by its IN_MODIFYs alone (an `O_TRUNC` open's, then each write's), and
+/// each batch that holds one becomes a replayed open and close in the guest; gathered,
+/// one write is one IN_CLOSE_WRITE there, as it would be locally (watch_events.rs's burst
+/// test counts them).
 const SETTLE: Duration = Duration::from_millis(2);
 
 /// Watched directories by path and by node.
@@ -294,6 +298,10 @@ impl Watcher for PortableWatcher {
         }
     }
 
+    /// Waits for the source, then [`SETTLE`] for more to gather, even after a quiet moment
+    /// (unlike the Linux watcher: see [`Watch::wait`]).
+    ///
+    /// [`Watch::wait`]: super::coalesce::Watch::wait
     fn wait(&self, timeout: Duration) -> bool {
         if !self.source.wait(&self.queue, timeout) {
             return false;
