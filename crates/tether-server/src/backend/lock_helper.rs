@@ -13,8 +13,9 @@
 //! input one end of a Unix socket pair; it exits when the server's end closes, which drops
 //! its locks, so a server that exits or is killed leaves none behind. One request at a
 //! time, each answered: SET (F_SETLK on the file's descriptor, sent with the first SET of a
-//! file by SCM_RIGHTS), GET (F_GETLK, which never reports the helper's own locks: it
-//! finds host processes' locks only) and CLOSE. Only calls macOS has too.
+//! file by SCM_RIGHTS), LOWER (the same for a release or a downgrade), GET (F_GETLK, which
+//! never reports the helper's own locks: it finds host processes' locks only) and CLOSE.
+//! Only calls macOS has too.
 //!
 //! If the helper dies, the server logs it and goes on without it: guests still exclude
 //! each other, and the host's locks are still seen, but the host no longer sees theirs.
@@ -59,6 +60,8 @@ impl HelperCommand {
 const SET: u8 = 1;
 const GET: u8 = 2;
 const CLOSE: u8 = 3;
+/// A SET that never asks for more than the helper holds (a release or a downgrade).
+const LOWER: u8 = 4;
 
 /// op, pad, type (i16), st_dev, st_ino, start, len: native byte order (one machine).
 const REQUEST_LEN: usize = 36;
@@ -263,7 +266,7 @@ impl LockHelper {
         for (typ, first, last) in union_over(span, held) {
             let (start, len) = fcntl_range((first, last));
             let req = Request {
-                op: SET,
+                op: LOWER,
                 typ,
                 key,
                 start,
@@ -586,7 +589,7 @@ fn unlocked() -> RangeLock {
 
 /// The helper's answer to `req` (with `fd`, the descriptor that came with it).
 fn answer(files: &mut HashMap<FileKey, Held>, req: Request, fd: Option<OwnedFd>) -> Reply {
-    let fail = |errno| Reply {
+    let reply = |errno| Reply {
         errno,
         lock: unlocked(),
     };
@@ -607,34 +610,40 @@ fn answer(files: &mut HashMap<FileKey, Held>, req: Request, fd: Option<OwnedFd>)
     }
     if req.op == CLOSE {
         files.remove(&req.key);
-        return fail(0);
+        return reply(0);
     }
     let Some(f) = files.get(&req.key) else {
-        return fail(libc::EBADF);
+        return reply(libc::EBADF);
     };
     let fd = f.fd.as_fd();
     let (start, len) = (req.start, req.len);
     match req.op {
-        SET => {
+        SET | LOWER => {
             let mut typ = req.typ;
             if typ as i32 == libc::F_WRLCK as i32 && !f.writable {
-                match fcntl_lock(fd, libc::F_GETLK, typ, start, len) {
-                    Ok(c) if c.typ as i32 != libc::F_UNLCK as i32 => return fail(libc::EAGAIN),
-                    Ok(_) => typ = libc::F_RDLCK as i16,
-                    Err(e) => return fail(errno_of(&e)),
+                // Lowering, it holds a read lock there already: nothing to check.
+                if req.op == SET {
+                    match fcntl_lock(fd, libc::F_GETLK, typ, start, len) {
+                        Ok(c) if c.typ as i32 != libc::F_UNLCK as i32 => {
+                            return reply(libc::EAGAIN)
+                        }
+                        Ok(_) => {}
+                        Err(e) => return reply(errno_of(&e)),
+                    }
                 }
+                typ = libc::F_RDLCK as i16;
             }
             match fcntl_lock(fd, libc::F_SETLK, typ, start, len) {
-                Ok(_) => fail(0),
-                Err(e) => fail(errno_of(&e)),
+                Ok(_) => reply(0),
+                Err(e) => reply(errno_of(&e)),
             }
         }
         GET => match fcntl_lock(fd, libc::F_GETLK, req.typ, start, len) {
-            Ok(lock) if lock.typ as i32 == libc::F_UNLCK as i32 => fail(0),
+            Ok(lock) if lock.typ as i32 == libc::F_UNLCK as i32 => reply(0),
             Ok(lock) => Reply { errno: 0, lock },
-            Err(e) => fail(errno_of(&e)),
+            Err(e) => reply(errno_of(&e)),
         },
-        _ => fail(libc::EINVAL),
+        _ => reply(libc::EINVAL),
     }
 }
 
@@ -720,6 +729,73 @@ pub(crate) mod tests {
         assert_eq!(union_over((3, 3), std::iter::empty()), [(U, 3, 3)]);
         assert_eq!(fcntl_range((30, u64::MAX)), (30, 0));
         assert_eq!(fcntl_range((5, 14)), (5, 10));
+    }
+
+    /// fcntl(2) `cmd` on `fd` with a flock structure; returns (type, start, len, pid).
+    #[cfg(target_os = "linux")]
+    fn fcntl_fl(
+        fd: BorrowedFd<'_>,
+        cmd: i32,
+        typ: i16,
+        start: i64,
+        len: i64,
+    ) -> (i16, i64, i64, i32) {
+        let l = fcntl_lock(fd, cmd, typ, start, len).unwrap();
+        (l.typ, l.start, l.len, l.pid)
+    }
+
+    /// A file the server may only read is held with read locks where guests hold write
+    /// locks (a write lock is still refused if the host holds any lock there); releases
+    /// lower what it holds; the last owner's close closes the file, dropping the rest; a
+    /// dead helper answers nothing. The host's lock is an OFD lock: this process's closes
+    /// would drop a POSIX one.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_read_only_file_is_held_with_read_locks_and_closed_with_its_last_owner() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let h = helper();
+        let pid = h.pid() as i32;
+        let probe = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let seen = |start, len| fcntl_fl(probe.as_fd(), libc::F_GETLK, W, start, len);
+        let read_only = || Ok(OwnedFd::from(std::fs::File::open(&path).unwrap()));
+        let key = (1, 2);
+
+        assert_eq!(h.lock(key, 100, true, read_only, W, (0, 9)), Some(Ok(())));
+        assert_eq!(seen(0, 20), (R, 0, 10, pid));
+        assert_eq!(fcntl_fl(probe.as_fd(), libc::F_GETLK, R, 0, 0).0, U);
+        assert_eq!(fcntl_fl(probe.as_fd(), libc::F_OFD_SETLK, R, 20, 5).0, R);
+        let never = || panic!("the helper holds the file already");
+        assert_eq!(
+            h.lock(key, 101, false, never, W, (15, 24)),
+            Some(Err(WireErrno::EAGAIN))
+        );
+        let host = h.host_conflict(key, &RangeLock::request(libc::F_WRLCK, 0, 0));
+        assert_eq!(
+            host.unwrap().unwrap().map(|l| (l.typ, l.start, l.len)),
+            Some((R, 20, 5))
+        );
+
+        h.restate(key, (0, 9), [(W, 5, 9)].into_iter());
+        assert_eq!(seen(0, 20), (R, 5, 5, pid));
+        h.owner_closing(key, 100);
+        assert_eq!(seen(0, 10).0, R); // owner 101 locked it too
+        h.owner_closing(key, 101);
+        assert_eq!(seen(0, 20).0, U);
+
+        assert_eq!(h.lock(key, 100, true, read_only, R, (0, 0)), Some(Ok(())));
+        // SAFETY: a signal to the helper this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(seen(0, 20).0, U);
+        let probe_lock = RangeLock::request(libc::F_WRLCK, 0, 0);
+        assert_eq!(h.host_conflict(key, &probe_lock), None);
+        assert_eq!(h.lock(key, 100, true, read_only, R, (0, 0)), None);
     }
 
     /// Runs the helper when a test started this binary as one (see `helper`).
