@@ -27,6 +27,7 @@ use tether_client::rpc::{ConnectError, ConnectOptions};
 use tether_client::Connection;
 #[cfg(target_os = "linux")]
 use tether_client::{CachePolicy, Client, Coherence, WriteMode};
+use tether_server::backend::lock_helper::HelperCommand;
 use tether_server::{BackendKind, Export, ExportOptions, IdMap, ServeOptions, SessionLimits};
 use tether_transport::{Address, Listener};
 
@@ -251,6 +252,10 @@ enum Command {
     /// Measure how long host-side changes take to become visible through a mount.
     #[cfg(target_os = "linux")]
     Latency(tether_bench::LatencyArgs),
+    /// Started by `serve --backend portable`: holds the guests' byte-range locks for host
+    /// processes to see (tether_server::backend::lock_helper); not for users.
+    #[command(hide = true)]
+    LockHelper,
 }
 
 #[cfg(target_os = "linux")]
@@ -636,6 +641,12 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
                 id_map,
                 backend,
                 case_insensitive,
+                // A process of its own, hence this binary again (never a fork of a threaded
+                // server).
+                lock_helper: (backend == BackendKind::Portable)
+                    .then(|| HelperCommand::this_binary(&["lock-helper"]))
+                    .transpose()
+                    .context("cannot find this binary to start the lock helper")?,
             };
             let Some(listen) = listen else {
                 // Through ssh, which authenticated the client: the session runs as the user
@@ -897,6 +908,10 @@ fn run(cmd: Command, context: RunContext) -> Result<()> {
         Command::Bench(args) => tether_bench::run_bench(args),
         #[cfg(target_os = "linux")]
         Command::Latency(args) => tether_bench::run_latency(args),
+        Command::LockHelper => {
+            drop(context);
+            tether_server::backend::lock_helper::run().context("lock helper")
+        }
     }
 }
 

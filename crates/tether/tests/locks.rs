@@ -170,11 +170,6 @@ impl TwoMounts {
 #[test]
 fn posix_byte_range_locks_exclude_the_host_and_another_mount() {
     require_mount!();
-    if common::skipped_for_portable(
-        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let mut h = Holder::take(py, "posix", &m.guest(), &["0", "10"]);
@@ -225,11 +220,6 @@ fn posix_byte_range_locks_exclude_the_host_and_another_mount() {
 #[test]
 fn flock_and_ofd_locks_exclude_the_host_and_another_mount() {
     require_mount!();
-    if common::skipped_for_portable(
-        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let mut h = Holder::take(py, "flock", &m.guest(), &[]);
@@ -387,11 +377,6 @@ fn a_signal_interrupts_a_blocked_lock() {
 #[test]
 fn closing_the_file_or_exiting_drops_the_lock() {
     require_mount!();
-    if common::skipped_for_portable(
-        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     for kind in ["posix", "flock", "ofd"] {
@@ -416,14 +401,8 @@ fn a_process_that_closes_and_locks_again_keeps_its_new_lock() {
     require_mount!();
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
-    // Host processes count here too: with the portable backend they do not see the guests'
-    // byte-range locks (the server keeps those itself, docs/macos.md), only their flocks.
-    let kinds: &[&str] = if common::suite_serves_with("portable") {
-        &["flock"]
-    } else {
-        &["posix", "flock"]
-    };
-    for &kind in kinds {
+    // Host processes count here too (with the portable backend, through its lock helper).
+    for kind in ["posix", "flock"] {
         std::fs::write(m.host(), b"0").unwrap();
         // Counters that lock, add one, and close (dropping the lock) in a tight loop, in
         // two processes of one mount, one of the other mount and two on the host: a lock
@@ -573,11 +552,6 @@ fn refused_locks_leave_no_descriptor_behind_on_the_server() {
 #[test]
 fn locks_are_taken_again_after_a_server_restart() {
     require_mount!();
-    if common::skipped_for_portable(
-        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let mut t = TestMount::start();
     for f in ["a", "b"] {
@@ -717,11 +691,6 @@ fn sqlite_bank(py: &str, journal: &str, dbs: &[PathBuf], host_db: &Path, txns: u
 #[test]
 fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
     require_mount!();
-    if common::skipped_for_portable(
-        "the host's SQLite must see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     // The second mount hears of no change (no pushed invalidations; it looks names and
     // attributes up every time but keeps a file's pages while it is open): only the
@@ -737,11 +706,6 @@ fn sqlite_rollback_journal_from_two_mounts_and_the_host_stays_consistent() {
 #[test]
 fn sqlite_wal_from_two_mounts_and_the_host_is_used_in_turns_and_stays_consistent() {
     require_mount!();
-    if common::skipped_for_portable(
-        "the host's SQLite must see the server's hold on the WAL index, a byte-range lock the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     // All start at once; whoever opens the WAL index first has it until its processes
@@ -819,11 +783,6 @@ fn try_db(py: &str, db: &Path) -> String {
 #[test]
 fn a_wal_database_is_refused_not_shared_across_guests_and_the_host() {
     require_mount!();
-    if common::skipped_for_portable(
-        "host processes do not see the guests' byte-range locks, which the server keeps itself (docs/macos.md)",
-    ) {
-        return;
-    }
     let py = require_python!();
     let m = TwoMounts::start(NO_TIMEOUT);
     let db = |dir: &Path| dir.join("bank.db");

@@ -15,6 +15,7 @@
 pub mod linux;
 #[cfg(target_os = "linux")]
 pub mod linux_sys;
+pub mod lock_helper;
 pub mod portable;
 pub mod sys;
 pub mod wire;

@@ -19,9 +19,11 @@
 //! - **Byte-range locks** are kept by the server ([`Portable::setlk`]): macOS has no OFD
 //!   locks, and POSIX process locks would make all of the server's owners one owner and
 //!   vanish at the close of any descriptor of the file. Owners are open descriptors, their
-//!   locks dropped when [`LockFd`](super::LockFd) closes them. Host processes' locks are
-//!   seen (F_GETLK) and respected; the host does not see the guests' (a documented
-//!   difference). flock(2) is per open file description everywhere and used as it is.
+//!   locks dropped when [`LockFd`](super::LockFd) closes them. Host processes see them
+//!   through the lock helper ([`lock_helper`](super::lock_helper)), a process that holds
+//!   their union with POSIX locks; its F_SETLK is also how a guest's lock is checked
+//!   against the host's (F_GETLK without it). flock(2) is per open file description
+//!   everywhere and used as it is.
 //! - **Extended attributes**: only the `user.` name space; on macOS `user.x` is the host's
 //!   `x` (so `com.apple.*` shows as `user.com.apple.*`); `security.`, `trusted.` and
 //!   `system.` are not found (get) and refused with EOPNOTSUPP (set).
@@ -40,6 +42,7 @@ use std::sync::Mutex;
 use dashmap::DashMap;
 use tether_proto::WireErrno;
 
+use super::lock_helper::LockHelper;
 use super::sys::{self, cvt};
 use super::wire;
 use super::{file_type, S_IFDIR, S_IFREG};
@@ -54,10 +57,19 @@ struct Held {
     end: u64,
 }
 
+impl Held {
+    /// Its part of the union the lock helper holds: (type, first byte, last byte).
+    fn union_part(&self) -> (i16, u64, u64) {
+        (self.typ, self.start, self.end)
+    }
+}
+
 pub struct Portable {
     case_insensitive: bool,
     /// Byte-range locks by file (st_dev, st_ino).
     locks: Mutex<HashMap<(u64, u64), Vec<Held>>>,
+    /// Holds the union of `locks` for host processes to see (`serve` starts it).
+    helper: Option<LockHelper>,
     /// Directory snapshots by stream descriptor (see [`Portable::read_dir`]).
     listings: DashMap<RawFd, Vec<RawDirEntry>>,
 }
@@ -67,8 +79,28 @@ impl Portable {
         Portable {
             case_insensitive,
             locks: Mutex::default(),
+            helper: None,
             listings: DashMap::new(),
         }
+    }
+
+    /// Mirrors the guests' byte-range locks in `helper`, for host processes to see.
+    pub fn with_lock_helper(mut self, helper: LockHelper) -> Portable {
+        self.helper = Some(helper);
+        self
+    }
+
+    /// A new open file description of the regular file `fd` is open on, for the lock
+    /// helper: its own, as a duplicate would carry the guest's flock locks past their
+    /// close; read-write where the server may (write locks need it), else read-only.
+    fn lock_helper_fd(fd: BorrowedFd<'_>, st: &libc::stat) -> SysResult<OwnedFd> {
+        if file_type(st) != S_IFREG {
+            return Err(WireErrno::EINVAL);
+        }
+        let path = object::fd_path(fd)?;
+        let flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+        open_path_nofollow(&path, libc::O_RDWR | flags, Some(st))
+            .or_else(|_| open_path_nofollow(&path, libc::O_RDONLY | flags, Some(st)))
     }
 
     /// The name to use for `name` in `dir`: itself, or with the case-insensitive stand-in
@@ -710,16 +742,30 @@ impl Backend for Portable {
         let key = (st.st_dev as u64, st.st_ino as u64);
         let owner = fd.as_raw_fd();
         let span = range(lock)?;
+        let unlock = lock.typ as i32 == libc::F_UNLCK as i32;
         let mut all = self.locks.lock().unwrap();
-        let held = all.entry(key).or_default();
-        if lock.typ as i32 != libc::F_UNLCK as i32 {
-            let theirs = |h: &&Held| h.owner != owner && conflicts(h, lock.typ, span);
-            if held.iter().any(|h| theirs(&h)) || host_conflict(fd, lock)?.is_some() {
+        if !unlock {
+            let held = all.get(&key).map_or(&[][..], |h| &h[..]);
+            if (held.iter()).any(|h| h.owner != owner && conflicts(h, lock.typ, span)) {
                 return Err(WireErrno::EAGAIN);
             }
+            // The helper's F_SETLK checks the host's locks and shows them ours at once;
+            // without it, F_GETLK.
+            let open = || Self::lock_helper_fd(fd, &st);
+            let helper = self.helper.as_ref();
+            match helper.and_then(|h| h.lock(key, owner, held.is_empty(), open, lock.typ, span)) {
+                Some(r) => r?,
+                None if host_conflict(fd, lock)?.is_some() => return Err(WireErrno::EAGAIN),
+                None => {}
+            }
         }
+        let held = all.entry(key).or_default();
         cut(held, owner, span);
-        if lock.typ as i32 != libc::F_UNLCK as i32 {
+        if unlock {
+            if let Some(helper) = &self.helper {
+                helper.restate(key, span, held.iter().map(Held::union_part));
+            }
+        } else {
             held.push(Held {
                 owner,
                 typ: lock.typ,
@@ -755,8 +801,11 @@ impl Backend for Portable {
                 pid: -1,
             }));
         }
-        drop(all);
-        host_conflict(fd, lock)
+        // The helper's own locks (the guests') are not the host's: it asks for the others.
+        match (self.helper.as_ref()).and_then(|h| h.host_conflict(key, lock)) {
+            Some(r) => r,
+            None => host_conflict(fd, lock),
+        }
     }
 
     fn lock_fd_closing(&self, fd: BorrowedFd<'_>) {
@@ -767,10 +816,20 @@ impl Backend for Portable {
         let key = (st.st_dev as u64, st.st_ino as u64);
         let mut all = self.locks.lock().unwrap();
         if let Some(held) = all.get_mut(&key) {
+            let mine = (held.iter()).filter(|h| h.owner == owner);
+            let span = mine.fold(None, |s: Option<(u64, u64)>, h| {
+                Some(s.map_or((h.start, h.end), |(a, b)| (a.min(h.start), b.max(h.end))))
+            });
             held.retain(|h| h.owner != owner);
+            if let (Some(helper), Some(span)) = (&self.helper, span) {
+                helper.restate(key, span, held.iter().map(Held::union_part));
+            }
             if held.is_empty() {
                 all.remove(&key);
             }
+        }
+        if let Some(helper) = &self.helper {
+            helper.owner_closing(key, owner);
         }
     }
 
@@ -1171,6 +1230,108 @@ mod tests {
         drop(a);
         assert!(host.getlk(b.as_fd(), &lock(w, 0, 0)).unwrap().is_none());
         host.setlk(b.as_fd(), &lock(w, 0, 0)).unwrap();
+    }
+
+    /// fcntl(2) `cmd` with a flock structure; returns it as the call left it.
+    #[cfg(target_os = "linux")]
+    fn fcntl_fl(
+        fd: BorrowedFd<'_>,
+        cmd: i32,
+        typ: i32,
+        start: i64,
+        len: i64,
+    ) -> (i32, i64, i64, i32) {
+        // SAFETY: plain data, then a valid flock structure that outlives the call.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = start;
+        fl.l_len = len;
+        // SAFETY: as above.
+        let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl) };
+        assert!(
+            r >= 0 || cmd == libc::F_OFD_SETLK,
+            "fcntl {cmd}: {}",
+            std::io::Error::last_os_error()
+        );
+        (fl.l_type as i32, fl.l_start, fl.l_len, fl.l_pid)
+    }
+
+    /// With the lock helper, this process (the host's view) sees the union of the guests'
+    /// byte-range locks, held by the helper's pid; a guest is refused what the host holds
+    /// and asks the helper, not F_GETLK, who holds it; releases show at once. The host's
+    /// locks here are OFD locks: the server's own opens and closes would drop POSIX ones.
+    /// A dead helper leaves the guests excluding each other, and the host still seen.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_lock_helper_shows_the_guests_locks_to_the_host() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let helper = super::super::lock_helper::tests::helper();
+        let pid = helper.pid() as i32;
+        let host: Arc<dyn Backend> = Arc::new(Portable::new(false).with_lock_helper(helper));
+        let dir = dir_fd(d.path());
+        let node = host.open_node(dir.as_fd(), &cstr("f")).unwrap();
+        let open = || {
+            let fd = host.reopen(node.as_fd(), libc::O_RDWR).unwrap();
+            super::super::LockFd::new(fd, host.clone())
+        };
+        let (a, b) = (open(), open());
+        let probe = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let seen = |typ: i32, start, len| fcntl_fl(probe.as_fd(), libc::F_GETLK, typ, start, len);
+        let (w, r, u) = (
+            libc::F_WRLCK as i32,
+            libc::F_RDLCK as i32,
+            libc::F_UNLCK as i32,
+        );
+
+        host.setlk(a.as_fd(), &lock(w, 0, 5)).unwrap();
+        assert_eq!(seen(w, 0, 0), (w, 0, 5, pid));
+        host.setlk(a.as_fd(), &lock(r, 0, 10)).unwrap();
+        host.setlk(b.as_fd(), &lock(r, 0, 10)).unwrap();
+        assert_eq!(seen(w, 0, 0), (r, 0, 10, pid));
+        assert_eq!(seen(r, 0, 0).0, u);
+
+        // The host's lock: refused to a guest, and reported as the host's.
+        assert_eq!(fcntl_fl(probe.as_fd(), libc::F_OFD_SETLK, r, 20, 5).0, r);
+        assert_eq!(
+            host.setlk(a.as_fd(), &lock(w, 18, 3)),
+            Err(WireErrno::EAGAIN)
+        );
+        host.setlk(a.as_fd(), &lock(r, 18, 2)).unwrap(); // read locks share
+
+        // Releases: the union shrinks to what is left.
+        host.setlk(b.as_fd(), &lock(u, 0, 0)).unwrap();
+        host.setlk(a.as_fd(), &lock(u, 3, 2)).unwrap();
+        assert_eq!(seen(w, 3, 2).0, u);
+        assert_eq!(seen(w, 0, 20), (r, 0, 3, pid));
+        assert_eq!(seen(w, 5, 13), (r, 5, 5, pid));
+        // Only a holds locks now: the helper's (its) are not reported to it, the host's is.
+        let c = host.getlk(a.as_fd(), &lock(w, 0, 0)).unwrap().unwrap();
+        assert_eq!((c.typ as i32, c.start, c.len), (r, 20, 5));
+        drop(a);
+        assert_eq!(seen(w, 0, 20).0, u);
+
+        // The helper dies: the guests still exclude each other and see the host's lock.
+        // SAFETY: a signal to the helper this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        host.setlk(b.as_fd(), &lock(w, 0, 5)).unwrap();
+        let c = open();
+        assert_eq!(
+            host.setlk(c.as_fd(), &lock(w, 2, 1)),
+            Err(WireErrno::EAGAIN)
+        );
+        assert_eq!(
+            host.setlk(c.as_fd(), &lock(w, 21, 1)),
+            Err(WireErrno::EAGAIN)
+        );
+        host.setlk(c.as_fd(), &lock(w, 6, 1)).unwrap();
     }
 
     /// A file is reopened by its path, checked by inode; once deleted, through the node

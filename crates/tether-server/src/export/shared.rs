@@ -13,6 +13,7 @@ use super::ids::IdMap;
 use super::locks::LockWaits;
 #[cfg(target_os = "linux")]
 use crate::backend::linux::Linux;
+use crate::backend::lock_helper::{HelperCommand, LockHelper};
 use crate::backend::portable::Portable;
 use crate::backend::{sys, Backend};
 use crate::nodes::FdBudget;
@@ -48,7 +49,21 @@ impl BackendKind {
         Ok(match self {
             #[cfg(target_os = "linux")]
             BackendKind::Linux => Arc::new(Linux::open().map_err(to_io)?),
-            BackendKind::Portable => Arc::new(Portable::new(opts.case_insensitive)),
+            BackendKind::Portable => {
+                let host = Portable::new(opts.case_insensitive);
+                let helper = opts.lock_helper.as_ref().map(LockHelper::spawn);
+                Arc::new(match helper {
+                    Some(Ok(helper)) => host.with_lock_helper(helper),
+                    Some(Err(e)) => {
+                        tracing::warn!(
+                            "cannot start the lock helper ({e}): host processes will not see \
+                             the guests' byte-range locks"
+                        );
+                        host
+                    }
+                    None => host,
+                })
+            }
         })
     }
 
@@ -101,6 +116,10 @@ pub struct ExportOptions {
     /// Tests only (portable backend): names are found whatever their case, as on a
     /// case-insensitive host file system (APFS, HFS+, NTFS by default).
     pub case_insensitive: bool,
+    /// With the portable backend: how to start the process that holds the guests'
+    /// byte-range locks for host processes to see (backend/lock_helper.rs); None: they
+    /// do not see them.
+    pub lock_helper: Option<HelperCommand>,
 }
 
 impl Export {
