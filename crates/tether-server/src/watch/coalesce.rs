@@ -5,7 +5,7 @@
 //! (echo.rs).
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -324,8 +324,8 @@ impl Watch {
         self.nodes.node_fd(id)
     }
 
-    fn changed_since_sync(&self, node: &Arc<Node>) -> bool {
-        echo::changed_since_sync(&*self.host, &self.nodes, node)
+    fn changed_since_sync(&self, node: &Arc<Node>, named: Option<(BorrowedFd<'_>, &CStr)>) -> bool {
+        echo::changed_since_sync(&*self.host, &self.nodes, node, named)
     }
 
     /// Whether a name event is the echo of this session's own change. A watcher that sees
@@ -388,6 +388,7 @@ impl Watch {
                     if self.is_own(ev.dir, name, change) {
                         continue;
                     }
+                    tracing::debug!(dir = %ev.dir, name = %String::from_utf8_lossy(name), ?change, "name changed by another: pushed");
                     c.invalidate(Invalidation::Entry {
                         parent: ev.dir,
                         name: Bytes::from(name.clone()),
@@ -412,7 +413,14 @@ impl Watch {
                     // Another process's change, whatever the ctime says (fanotify.rs).
                     let by_other = by_others.remove(&key);
                     let foreign = match self.nodes.find(st.st_dev as u64, st.st_ino) {
-                        Some(child) if self.changed_since_sync(&child) || by_other => {
+                        Some(child)
+                            if self.changed_since_sync(&child, Some((dir_fd.as_fd(), &cname)))
+                                || by_other =>
+                        {
+                            tracing::debug!(
+                                node = %child.id, name = %String::from_utf8_lossy(name), bits,
+                                by_other, "content changed by another: pushed"
+                            );
                             c.invalidate(Invalidation::Inode(child.id));
                             true
                         }
@@ -459,7 +467,8 @@ impl Watch {
                     // The directory itself: its attributes, or it was deleted or moved.
                     // A deletion or move also shows in the parent's watch, which invalidates
                     // the name; here only the directory's own attributes matter.
-                    if self.changed_since_sync(&dir) {
+                    if self.changed_since_sync(&dir, None) {
+                        tracing::debug!(dir = %ev.dir, "directory changed by another: pushed");
                         c.invalidate(Invalidation::Inode(ev.dir));
                     }
                 }
@@ -474,6 +483,7 @@ impl Watch {
                 continue;
             };
             if let Some(child) = self.nodes.held_at(dir_fd.as_fd(), &name) {
+                tracing::debug!(node = %child.id, ?name, "changed by another process (fanotify only): pushed");
                 c.invalidate(Invalidation::Inode(child.id));
             }
         }
@@ -630,7 +640,8 @@ impl Watch {
             return;
         };
         if let Some(node) = self.nodes.find(st.st_dev as u64, st.st_ino) {
-            if self.changed_since_sync(&node) {
+            if self.changed_since_sync(&node, Some((dir_fd.as_fd(), &cname))) {
+                tracing::debug!(node = %node.id, ?cname, "a file at a new name changed by another: pushed");
                 c.invalidate(Invalidation::Inode(node.id));
             }
         }

@@ -10,12 +10,13 @@
 //!   else changed the node meanwhile; the watcher pushes a node whose ctime differs from it
 //!   ([`changed_since_sync`]). Both read the ctime under the node's lock.
 
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use tether_proto::NodeId;
+use tether_proto::{NodeId, WireErrno};
 
 use super::NameChange;
 use crate::backend::{Backend, SysResult};
@@ -125,12 +126,28 @@ pub fn own_changes<T>(
 /// Whether the host state of `node` differs from what the client is coherent with; if
 /// so, the client is about to be told, so that state becomes the coherent one. The state
 /// is read under the node's lock, so it cannot interleave with an own change.
-pub fn changed_since_sync(host: &dyn Backend, nodes: &NodeTable, node: &Arc<Node>) -> bool {
+///
+/// `named` is where the watcher found the node (a directory and a name in it): a spare
+/// file the session is naming (BIND, ops/spare.rs) has neither a descriptor in the table
+/// nor a location for a moment after its link, and its creation's event may be read in
+/// that moment; it is stat'ed by that name then.
+pub fn changed_since_sync(
+    host: &dyn Backend,
+    nodes: &NodeTable,
+    node: &Arc<Node>,
+    named: Option<(BorrowedFd<'_>, &CStr)>,
+) -> bool {
     let mut synced = node.synced_ctime.lock().unwrap();
-    let Ok(fd) = nodes.fd(node) else {
-        return true;
+    let st = match (nodes.fd(node), named) {
+        (Ok(fd), _) => host.stat(fd.as_fd()),
+        (Err(_), Some((dir, name))) => host
+            .stat_at(dir, name)
+            .ok()
+            .filter(|st| nodes.id_for(st.st_dev as u64, st.st_ino) == node.id)
+            .ok_or(WireErrno::ESTALE),
+        (Err(e), None) => Err(e),
     };
-    let Ok(st) = host.stat(fd.as_fd()) else {
+    let Ok(st) = st else {
         return true;
     };
     let now = (st.st_ctime, st.st_ctime_nsec);
