@@ -825,6 +825,9 @@ impl Coherence {
                 .name("tether-replay".into())
                 .spawn(move || {
                     r.bind_to_current_thread();
+                    // Replays scan the guest's processes for watchers: in a one-vCPU guest
+                    // that must not hold up the content invalidations beside it.
+                    crate::sys::lower_this_threads_priority(10);
                     me.replay_loop(rx, notifier, &r)
                 })
                 .expect("spawn replay thread");

@@ -23,4 +23,15 @@ pub(crate) fn statx(
     Ok(unsafe { stx.assume_init() })
 }
 
+/// Lowers the calling thread's scheduling priority to nice `nice`: for background work that
+/// must not take the CPU from the threads that answer the kernel and apply invalidations
+/// (a guest with one vCPU runs them all in turn). Best effort: a failure leaves it as it was.
+pub(crate) fn lower_this_threads_priority(nice: libc::c_int) {
+    // SAFETY: gettid has no preconditions; setpriority of our own thread id only.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if r != 0 {
+        tracing::debug!("setpriority: {}", io::Error::last_os_error());
+    }
+}
+
 pub mod mount_dir;
