@@ -32,6 +32,9 @@ command -v inotifywait >/dev/null || need+=(inotify-tools)
 # The ssh transport's tests run a private sshd on 127.0.0.1.
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# pjdfstest (third_party/pjdfstest, tests/pjdfstest.rs) runs under perl's prove.
+command -v prove >/dev/null || need+=(perl)
+command -v openssl >/dev/null || need+=(openssl)
 # The VM tests (crates/tether/tests/vm.rs): QEMU, the guest's kernel, busybox, cpio and
 # kmod to build its initramfs, socat for QEMU's TCP forwards. scripts/vm/build-guest.sh,
 # which the tests run, installs these too, and vhost-device-vsock with cargo install.

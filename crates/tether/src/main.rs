@@ -155,17 +155,19 @@ enum Command {
         /// them on the host's files (where other mounts and host processes see them).
         #[arg(long)]
         local_locks: bool,
-        /// How writes reach the host: create-behind (the default: a write() of up to 64 KiB
-        /// and a file creation are answered once on their way; close() and fsync() return
-        /// once the host has them and report their errors, as NFS does; every close() is a
-        /// trip into the client: docs/coherence.md, "Write-behind", "Create-behind");
-        /// behind (the same, but creations wait for the server); through (every write()
-        /// is on the host when it returns, and its error comes back from it; closes cost
-        /// nothing); writeback (the guest kernel caches writes and sends them at close,
-        /// fsync, unlock or within 20 ms: small writes near native speed, but a stat of a
-        /// file closed since its last stat asks the client, so warm greps and copies are
-        /// several times slower; docs/coherence.md, "Writeback cache").
-        #[arg(long, default_value = "create-behind", value_name = "MODE")]
+        /// How writes reach the host: through (the default: every write() is on the host
+        /// when it returns, and its error comes back from it; closes cost nothing);
+        /// behind (a write() of up to 64 KiB is answered once on its way: `dd` several
+        /// times faster; close() and fsync() return once the host has the file's writes
+        /// and report their errors, as NFS does, and every close() is a trip into the
+        /// client: docs/coherence.md, "Write-behind"); create-behind (behind, and a file
+        /// creation is answered with a file the server made ahead, named on the host by
+        /// close(): docs/coherence.md, "Create-behind"); writeback (the guest kernel
+        /// caches writes and sends them at close, fsync, unlock or within 20 ms: small
+        /// writes near native speed, but a stat of a file closed since its last stat asks
+        /// the client, so warm greps and copies are several times slower;
+        /// docs/coherence.md, "Writeback cache").
+        #[arg(long, default_value = "through", value_name = "MODE")]
         writes: WriteMode,
         /// Experimental: take kernel requests through FUSE over io_uring (Linux 6.14 and
         /// later), one queue per CPU, so that a request is served on the CPU that made it.

@@ -212,7 +212,7 @@ fn a_server_killed_between_write_and_close_makes_close_fail() {
     if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
-    let mut t = TestMount::start_with(&[], &["--timeout", "2"]);
+    let mut t = TestMount::start_with(&[], &["--timeout", "2", "--writes=behind"]);
     fs::write(t.export.join("f"), b"host\n").unwrap();
     let next_server = common::Server::prepare(&t.export, &t.server.address);
     let f = OpenOptions::new()
@@ -248,7 +248,7 @@ fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
     if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
-    let mut t = TestMount::start();
+    let mut t = TestMount::start_with(&[], &["--writes=behind"]);
     fs::write(t.export.join("f"), b"").unwrap();
     let next_server = common::Server::prepare(&t.export, &t.server.address);
     let f = OpenOptions::new()
@@ -318,15 +318,18 @@ impl Drop for Resume {
     }
 }
 
-/// With `--writes=through` every write waits for the server: the host has it when
-/// write() returns. The default answers them early.
+/// By default (`--writes=through`) every write waits for the server: the host has it when
+/// write() returns.
 #[test]
-fn with_writes_through_no_write_is_answered_early() {
+fn by_default_no_write_is_answered_early() {
     require_mount!();
-    if skipped_with_the_writeback_cache() {
+    if skipped_with_the_writeback_cache()
+        || skipped_with("--writes=behind")
+        || skipped_with("--writes=create-behind")
+    {
         return;
     }
-    let t = TestMount::start_with(&[], &["--writes=through"]);
+    let t = TestMount::start();
     let mut f = File::create(t.mnt.join("f")).unwrap();
     for i in 0..200u8 {
         std::io::Write::write_all(&mut f, &[i; 1000]).unwrap();
@@ -341,15 +344,6 @@ fn with_writes_through_no_write_is_answered_early() {
     assert!(
         status.contains("write-behind: off (every write() waits for the server"),
         "{status}"
-    );
-    if std::env::var("TETHER_TEST_MOUNT_ARGS").is_ok_and(|a| a.contains("--writes")) {
-        return; // the suite chose the mode
-    }
-    let default = TestMount::start();
-    let status = common::status(&default.mnt);
-    assert!(
-        status.contains("write-behind: on") && status.contains("file creations answered"),
-        "the default mount does not write behind: {status}"
     );
 }
 

@@ -7,7 +7,9 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriteMode {
     /// Every `write()` reaches the host before it returns, and an error comes back from
-    /// the write that caused it: a server round trip per `write()`.
+    /// the write that caused it: a server round trip per `write()`, and `close()` costs
+    /// nothing (FLUSH is refused once, and the kernel stops sending it). The default.
+    #[default]
     Through,
     /// A small `write()` is answered once its WRITE is on its way (write/behind.rs): the
     /// guest sees it at once, a host process may see it a moment after `write()` returned
@@ -16,8 +18,7 @@ pub enum WriteMode {
     Behind,
     /// `Behind`, and a file creation is answered with a file the server made ahead
     /// (write/spares.rs), named on the host before `close()` returns. A creation still on
-    /// its way when the connection is lost is made again by the reconnect. The default.
-    #[default]
+    /// its way when the connection is lost is made again by the reconnect.
     CreateBehind,
     /// The guest kernel caches writes and sends them at close, fsync, unlock or within
     /// about 20 ms (invalidate/fixer.rs); needs pushed invalidations, else writes go through.
