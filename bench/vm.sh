@@ -42,6 +42,12 @@
 # directory: console log, shares).
 #
 # TETHER_VM_TETHER=PATH: the guest's (static) tether; TETHER_HOST_TETHER=PATH: the host's.
+# For latency work: TETHER_VM_GUEST_LOG=FILTER runs the guest's tether mounts with
+# RUST_LOG=FILTER and prints their logs ("GLOG " lines) and every guest thread's CPU time
+# before and after the coherence part ("CPUSNAP " lines) to the console log (--keep keeps
+# it); TETHER_VM_MOUNT_ARGS adds options to the guest's tether mounts (--no-watch-events).
+# The host's servers take RUST_LOG from the environment; ctl.py logs each edit's host
+# time to ctl.log, coherence.c each trial's guest time ("COHT " lines).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -275,6 +281,8 @@ DD_COUNT=$dd_count
 TRIALS=$trials
 TIMEOUT_MS=$((timeout * 1000))
 BENCH_ARGS="$bench_args"
+GUEST_RUST_LOG="${TETHER_VM_GUEST_LOG:-}"
+MOUNT_ARGS="${TETHER_VM_MOUNT_ARGS:-}"
 EOF
 (cd "$work/files" && find tether-vm | cpio -o -H newc --quiet -R 0:0) | cat "$initramfs" - >"$work/initrd"
 

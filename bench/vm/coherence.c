@@ -104,6 +104,8 @@ int main(int argc, char **argv) {
         }
         expected(i, want);
         snprintf(line, sizeof line, "edit %s %d\n", name, i);
+        struct timespec real0;
+        clock_gettime(CLOCK_REALTIME, &real0);
         double t0 = now_ms(), seen = -1;
         if (write(ctl, line, strlen(line)) != (ssize_t)strlen(line)) {
             perror("control channel");
@@ -126,6 +128,10 @@ int main(int argc, char **argv) {
         char c;
         while (read(ctl, &c, 1) == 1 && c != '\n' && got++ < 200)
             ;
+        /* For matching with the host's and the client's logs (the clocks differ by an
+         * offset: compare with ctl.py's log of the same trial). */
+        printf("COHT %s %d %lld.%06ld %.3f\n", name, i, (long long)real0.tv_sec,
+               real0.tv_nsec / 1000, seen);
         if (seen >= 0) {
             printf("COH %s %d %.2f\n", name, i, seen);
             never_in_a_row = 0;

@@ -45,11 +45,15 @@ def main():
             if words[:1] == ["edit"] and len(words) == 3:
                 name, i = words[1], int(words[2])
                 target = os.path.join(shares, name, "coherence", "file")
+                got = time.time()
                 fd = os.open(target, os.O_WRONLY)
                 try:
                     os.pwrite(fd, content(i), 0)
                 finally:
                     os.close(fd)
+                # When each edit was asked for and made (host clock), for matching with
+                # the guest's COHT lines and the servers' logs.
+                print("edit %s %d %.6f %.6f" % (name, i, got, time.time()), flush=True)
             f.write(b"ok\n")
 
 

@@ -25,10 +25,12 @@ mount_one() { # NAME
         9p-mmap) mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap p9mmap /mnt/9p-mmap ;;
         virtiofs-auto) mount -t virtiofs vfsauto /mnt/virtiofs-auto ;;
         virtiofs-always) mount -t virtiofs vfsalways /mnt/virtiofs-always ;;
-        tether-vsock) tether mount vsock:2:7070 /mnt/tether-vsock --secret-file /tether-vm/secret \
-            --background --log /tmp/tether-vsock.log ;;
-        tether-tcp) tether mount "$TCP_ADDR" /mnt/tether-tcp --secret-file /tether-vm/secret \
-            --background --log /tmp/tether-tcp.log ;;
+        # shellcheck disable=SC2086 # MOUNT_ARGS is a list
+        tether-vsock) env ${GUEST_RUST_LOG:+RUST_LOG=$GUEST_RUST_LOG} tether mount vsock:2:7070 /mnt/tether-vsock \
+            --secret-file /tether-vm/secret --background --log /tmp/tether-vsock.log ${MOUNT_ARGS:-} ;;
+        # shellcheck disable=SC2086
+        tether-tcp) env ${GUEST_RUST_LOG:+RUST_LOG=$GUEST_RUST_LOG} tether mount "$TCP_ADDR" /mnt/tether-tcp \
+            --secret-file /tether-vm/secret --background --log /tmp/tether-tcp.log ${MOUNT_ARGS:-} ;;
     esac
 }
 for fs in $FSLIST; do
@@ -42,6 +44,13 @@ done
 say "mounted:$mounted"
 grep -E ' /mnt/' /proc/mounts | sed 's/^/INFO mount /'
 
+# Every thread's CPU time so far (/proc/PID/task/TID/stat), and the load average.
+cpu_snapshot() { # LABEL
+    echo "CPUSNAP $1 loadavg $(cat /proc/loadavg) uptime $(cut -d' ' -f1 /proc/uptime)"
+    for f in /proc/[0-9]*/task/[0-9]*/stat; do
+        read -r l <"$f" 2>/dev/null && echo "CPUSNAP $1 $l"
+    done
+}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 ms_now() { echo $(($(date +%s%N) / 1000)); } # microseconds
 
@@ -74,8 +83,15 @@ if has coherence && [ -n "$ctl" ]; then
     for fs in $mounted; do
         [ "$fs" = disk ] && continue
         say "coherence: $fs ($TRIALS trials, $TIMEOUT_MS ms timeout)"
+        [ -n "${GUEST_RUST_LOG:-}" ] && cpu_snapshot "before $fs"
         /tether-vm/vmbench-coherence "$ctl" "$fs" "/mnt/$fs/coherence/file" "$TRIALS" "$TIMEOUT_MS"
+        [ -n "${GUEST_RUST_LOG:-}" ] && cpu_snapshot "after $fs"
     done
+    if [ -n "${GUEST_RUST_LOG:-}" ]; then
+        for fs in $mounted; do
+            [ -f "/tmp/$fs.log" ] && sed "s/^/GLOG $fs /" "/tmp/$fs.log"
+        done
+    fi
 elif has coherence; then
     echo "INFO no control port (/dev/vport*p1): no coherence check"
 fi

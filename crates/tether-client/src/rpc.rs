@@ -522,6 +522,13 @@ impl Connection {
                         let Some((_, p)) = self.pending.remove(&h.id) else {
                             break format!("reply to unknown request {}", h.id);
                         };
+                        tracing::trace!(
+                            target: "tether::lat",
+                            id = h.id,
+                            op = h.op,
+                            us = p.created.elapsed().as_micros() as u64,
+                            "reply read"
+                        );
                         if p.op != h.op {
                             let expected = p.op;
                             p.finish(Err(WireErrno::EIO));
@@ -540,6 +547,7 @@ impl Connection {
                         break "the server is shutting down".into();
                     }
                     FrameKind::Push => {
+                        tracing::trace!(target: "tether::lat", op = h.op, len = body.len(), "push read");
                         if let Some(handler) = &self.on_push {
                             handler(h, body);
                         }
@@ -931,6 +939,7 @@ impl Connection {
         };
         self.pending.insert(id, pending);
         if writer.write_all(&req.to_frame(id, caller)).is_ok() {
+            tracing::trace!(target: "tether::lat", id, op = req.op() as u16, "request sent");
             self.stats.count(req.op() as u16);
             return;
         }

@@ -310,6 +310,7 @@ impl Pusher {
         for frame in tether_proto::invalidate_frames(&mut seq, &changes.items, &changes.events) {
             write_frame(&mut **writer.lock().unwrap(), &frame)?;
         }
+        tracing::trace!(target: "tether::lat", seq = *seq, "pushed");
         Ok(())
     }
 }

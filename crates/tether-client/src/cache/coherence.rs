@@ -892,6 +892,12 @@ impl Coherence {
             }
             let mut seen = HashSet::new();
             items.retain(|item| seen.insert(item.clone()));
+            tracing::trace!(
+                target: "tether::lat",
+                items = items.len(),
+                events = events.len(),
+                "applying"
+            );
             match &replays {
                 Some(tx) if !events.is_empty() => {
                     // Content now, so that a watcher woken by an event reads the new data.
@@ -918,6 +924,7 @@ impl Coherence {
                 }
                 _ => self.apply(items, &notifier),
             }
+            tracing::trace!(target: "tether::lat", "applied");
             self.retry_refused(&notifier);
             self.apply_waiting_names(|w| w.due <= Instant::now(), &notifier);
             if let Some(done) = barrier {

@@ -320,6 +320,12 @@ impl Replayer {
         let mut fds = self.watcher_fds.lock().unwrap();
         let watches = GuestWatches::scan(dev.kdev, &not_guests, &mut fds);
         drop(fds);
+        tracing::trace!(
+            target: "tether::lat",
+            us = start.elapsed().as_micros() as u64,
+            empty = watches.is_empty(),
+            "replay: scanned guest watchers"
+        );
         // Reading every process's descriptors can take milliseconds (a process with 10,000
         // files open): keep scans to a tenth of the time in a long backlog.
         let slice = slice.max(start.elapsed() * 10);
