@@ -779,6 +779,17 @@ impl GuestWatches {
             if not_guests.contains(&Some(pid)) {
                 continue;
             }
+            // A kernel thread (no memory map: no /proc/PID/exe) has no descriptors. One
+            // readlink says so, where reading its empty descriptor directory takes five
+            // system calls, and most processes of a small guest are kernel threads: in a
+            // one-vCPU TCG guest each scan took about 20 ms, a third of the vCPU while the
+            // host edited a file every 30 ms (bench/journal/2026-11-29-vm-push-latency.md).
+            // (A zombie has none either; another user's process, unreadable, is read.)
+            if std::fs::read_link(p.path().join("exe"))
+                .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+            {
+                continue;
+            }
             let fd_dir = p.path().join("fd");
             // 0 where the kernel does not count them: read every time.
             let Ok(count) = std::fs::metadata(&fd_dir).map(|m| m.len()) else {
