@@ -213,14 +213,7 @@ fn a_server_killed_between_write_and_close_makes_close_fail() {
         return;
     }
     let mut t = TestMount::start_with(&[], &["--timeout", "2", "--writes=behind"]);
-    fs::write(t.export.join("f"), b"host\n").unwrap();
-    let next_server = common::Server::prepare(&t.export, &t.server.address);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(t.mnt.join("f"))
-        .unwrap();
-    let server = t.server.child.id() as i32;
-    let _resume = stop(server);
+    let (f, next_server, _resume) = open_and_stop_the_server(&t, b"host\n");
     write_blocks(&f, 4);
     t.server.stop_with(libc::SIGKILL);
     let started = std::time::Instant::now();
@@ -249,14 +242,7 @@ fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
         return;
     }
     let mut t = TestMount::start_with(&[], &["--writes=behind"]);
-    fs::write(t.export.join("f"), b"").unwrap();
-    let next_server = common::Server::prepare(&t.export, &t.server.address);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(t.mnt.join("f"))
-        .unwrap();
-    let server = t.server.child.id() as i32;
-    let _resume = stop(server);
+    let (f, next_server, _resume) = open_and_stop_the_server(&t, b"");
     let expected = write_blocks(&f, 8);
     t.server.stop_with(libc::SIGKILL);
     t.server = next_server.start();
@@ -265,6 +251,23 @@ fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
         fs::read(t.export.join("f")).unwrap() == expected,
         "the restarted server does not have the writes close() waited for"
     );
+}
+
+/// Makes the host file `f` with `content`, readies the server that will replace `t`'s
+/// (before the file is open: see `Server::prepare`), opens `f` for writing through the
+/// mount and stops the server: writes through the file are then answered early and wait.
+fn open_and_stop_the_server(
+    t: &TestMount,
+    content: &[u8],
+) -> (File, common::PreparedServer, Resume) {
+    fs::write(t.export.join("f"), content).unwrap();
+    let next_server = common::Server::prepare(&t.export, &t.server.address);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(t.mnt.join("f"))
+        .unwrap();
+    let resume = stop(t.server.child.id() as i32);
+    (f, next_server, resume)
 }
 
 /// Writes `n` 4 KiB blocks of a pattern through `f`, returning what was written.
