@@ -101,6 +101,20 @@ impl MountDir {
     /// Makes the clone the first time after the path led to the mount.
     fn open_root(&self, flags: i32) -> Option<std::fs::File> {
         let mut clone = self.clone.lock().unwrap();
+        if matches!(*clone, Clone::Untried) && self.dev.get().is_none() {
+            // Learn the device through a descriptor kept only for that moment, so that the
+            // first use too (a listing right after the mount) goes through the clone: held
+            // by path for the whole listing, it made a guest's umount right after its first
+            // walk fail with EBUSY now and then (vm.rs's fstab test, once in two suite runs).
+            let by_path = std::fs::File::options()
+                .read(true)
+                .custom_flags(flags)
+                .open(&self.path)
+                .ok();
+            if let Some(dir) = by_path {
+                self.is_the_mount(dir.as_fd());
+            }
+        }
         if matches!(*clone, Clone::Untried) && self.dev.get().is_some() {
             *clone = self.make_clone();
         }
