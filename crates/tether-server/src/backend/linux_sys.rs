@@ -8,7 +8,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
-use super::sys::{cvt, cvt_isize, fstat, lseek, openat, raw_at, xattr_out};
+use super::sys::{
+    conflicting, cvt, cvt_isize, fcntl_lock, fstat, lseek, openat, raw_at, xattr_out,
+};
 use super::{At, RangeLock, RawDirEntry, SysResult};
 
 /// The /proc path of a descriptor, for the calls that take only a path (xattrs, truncate,
@@ -308,40 +310,19 @@ pub fn restore_fs_ids((old_uid, old_gid): (u32, u32)) {
     }
 }
 
-fn flock_struct(l: &RangeLock) -> libc::flock {
-    // SAFETY: libc::flock is plain data; all-zero is a valid value (l_pid must be 0 for
-    // F_OFD_* commands).
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = l.typ;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = l.start;
-    fl.l_len = l.len;
-    fl
-}
-
 /// Takes, changes or drops a lock owned by the open file description behind `fd`
 /// (F_OFD_SETLK): never waits; EAGAIN when another owner holds a conflicting lock.
 pub fn ofd_setlk(fd: BorrowedFd<'_>, l: &RangeLock) -> SysResult<()> {
-    let fl = flock_struct(l);
-    // SAFETY: fl is a valid flock structure that outlives the call.
-    match cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) }) {
+    match fcntl_lock(fd, libc::F_OFD_SETLK, l) {
         Err(e) if e == WireErrno::EACCES => Err(WireErrno::EAGAIN),
-        r => r.map(|_| ()),
+        r => r.map(drop),
     }
 }
 
 /// The first lock that conflicts with `l` for the open file description behind `fd`
 /// (F_OFD_GETLK), or None.
 pub fn ofd_getlk(fd: BorrowedFd<'_>, l: &RangeLock) -> SysResult<Option<RangeLock>> {
-    let mut fl = flock_struct(l);
-    // SAFETY: fl is a valid, writable flock structure that outlives the call.
-    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
-    Ok((fl.l_type != libc::F_UNLCK as i16).then_some(RangeLock {
-        typ: fl.l_type,
-        start: fl.l_start,
-        len: fl.l_len,
-        pid: fl.l_pid,
-    }))
+    fcntl_lock(fd, libc::F_OFD_GETLK, l).map(conflicting)
 }
 
 fn readlink_at(dir: RawFd, path: &CStr) -> SysResult<Vec<u8>> {

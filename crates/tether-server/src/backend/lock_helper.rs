@@ -550,31 +550,21 @@ fn fcntl_lock(
     typ: i16,
     start: i64,
     len: i64,
-) -> io::Result<RangeLock> {
-    // SAFETY: libc::flock is plain data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = typ as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = start;
-    fl.l_len = len;
-    // SAFETY: fl is a valid, writable flock structure that outlives the call.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(RangeLock {
-        typ: fl.l_type as i16,
-        start: fl.l_start,
-        len: fl.l_len,
-        pid: fl.l_pid,
-    })
+) -> SysResult<RangeLock> {
+    let l = RangeLock {
+        typ,
+        start,
+        len,
+        pid: 0,
+    };
+    super::sys::fcntl_lock(fd, cmd, &l)
 }
 
-fn errno_of(e: &io::Error) -> i32 {
-    match e.raw_os_error() {
+fn errno_of(e: &WireErrno) -> i32 {
+    match *e {
         // POSIX lets F_SETLK say either for a conflict.
-        Some(libc::EACCES) => libc::EAGAIN,
-        Some(n) => n,
-        None => libc::EIO,
+        WireErrno::EACCES => libc::EAGAIN,
+        e => e.to_host(),
     }
 }
 
@@ -731,9 +721,10 @@ pub(crate) mod tests {
         assert_eq!(fcntl_range((5, 14)), (5, 10));
     }
 
-    /// fcntl(2) `cmd` on `fd` with a flock structure; returns (type, start, len, pid).
+    /// fcntl(2) `cmd` on `fd` with a flock structure; returns (type, start, len, pid) as
+    /// the call left them, and fails the test if the call failed.
     #[cfg(target_os = "linux")]
-    fn fcntl_fl(
+    pub fn fcntl_fl(
         fd: BorrowedFd<'_>,
         cmd: i32,
         typ: i16,

@@ -409,22 +409,7 @@ fn cut(held: &mut Vec<Held>, owner: RawFd, (start, end): (u64, u64)) {
 
 /// A host lock that conflicts with `lock`, held by another process (F_GETLK).
 fn host_conflict(fd: BorrowedFd<'_>, lock: &RangeLock) -> SysResult<Option<RangeLock>> {
-    // SAFETY: libc::flock is plain data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = lock.typ as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = lock.start;
-    fl.l_len = lock.len;
-    // SAFETY: fl is a valid, writable flock structure that outlives the call.
-    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETLK, &mut fl) })?;
-    Ok(
-        (fl.l_type as i32 != libc::F_UNLCK as i32).then_some(RangeLock {
-            typ: fl.l_type as i16,
-            start: fl.l_start,
-            len: fl.l_len,
-            pid: fl.l_pid,
-        }),
-    )
+    sys::fcntl_lock(fd, libc::F_GETLK, lock).map(sys::conflicting)
 }
 
 impl Backend for Portable {
@@ -1232,31 +1217,6 @@ mod tests {
         host.setlk(b.as_fd(), &lock(w, 0, 0)).unwrap();
     }
 
-    /// fcntl(2) `cmd` with a flock structure; returns it as the call left it.
-    #[cfg(target_os = "linux")]
-    fn fcntl_fl(
-        fd: BorrowedFd<'_>,
-        cmd: i32,
-        typ: i32,
-        start: i64,
-        len: i64,
-    ) -> (i32, i64, i64, i32) {
-        // SAFETY: plain data, then a valid flock structure that outlives the call.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = typ as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        fl.l_start = start;
-        fl.l_len = len;
-        // SAFETY: as above.
-        let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl) };
-        assert!(
-            r >= 0 || cmd == libc::F_OFD_SETLK,
-            "fcntl {cmd}: {}",
-            std::io::Error::last_os_error()
-        );
-        (fl.l_type as i32, fl.l_start, fl.l_len, fl.l_pid)
-    }
-
     /// With the lock helper, this process (the host's view) sees the union of the guests'
     /// byte-range locks, held by the helper's pid; a guest is refused what the host holds
     /// and asks the helper, not F_GETLK, who holds it; releases show at once. The host's
@@ -1268,7 +1228,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("f");
         std::fs::write(&path, b"0123456789").unwrap();
-        let helper = super::super::lock_helper::tests::helper();
+        use super::super::lock_helper::tests::{fcntl_fl, helper};
+        let helper = helper();
         let pid = helper.pid() as i32;
         let host: Arc<dyn Backend> = Arc::new(Portable::new(false).with_lock_helper(helper));
         let dir = dir_fd(d.path());
@@ -1283,7 +1244,10 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let seen = |typ: i32, start, len| fcntl_fl(probe.as_fd(), libc::F_GETLK, typ, start, len);
+        let seen = |typ: i32, start, len| {
+            let (t, s, l, pid) = fcntl_fl(probe.as_fd(), libc::F_GETLK, typ as i16, start, len);
+            (t as i32, s, l, pid)
+        };
         let (w, r, u) = (
             libc::F_WRLCK as i32,
             libc::F_RDLCK as i32,
@@ -1298,7 +1262,7 @@ mod tests {
         assert_eq!(seen(r, 0, 0).0, u);
 
         // The host's lock: refused to a guest, and reported as the host's.
-        assert_eq!(fcntl_fl(probe.as_fd(), libc::F_OFD_SETLK, r, 20, 5).0, r);
+        fcntl_fl(probe.as_fd(), libc::F_OFD_SETLK, r as i16, 20, 5);
         assert_eq!(
             host.setlk(a.as_fd(), &lock(w, 18, 3)),
             Err(WireErrno::EAGAIN)

@@ -10,6 +10,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use tether_proto::WireErrno;
 
+use super::RangeLock;
+
 /// A call's result: the errno goes to the guest as it is.
 pub type SysResult<T> = Result<T, WireErrno>;
 
@@ -241,6 +243,32 @@ pub fn raise_nofile_limit() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
     lim.rlim_cur as u64
+}
+
+/// The fcntl(2) lock command `cmd` (F_SETLK, F_GETLK, and on Linux the F_OFD_ ones) on
+/// `fd` for `l`; returns the lock as the call left it: for a GETLK, the first lock that
+/// conflicts with `l`, or one of type F_UNLCK.
+pub fn fcntl_lock(fd: BorrowedFd<'_>, cmd: i32, l: &RangeLock) -> SysResult<RangeLock> {
+    // SAFETY: libc::flock is plain data; all-zero is a valid value (l_pid must be 0 for
+    // the F_OFD_ commands).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = l.typ as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = l.start;
+    fl.l_len = l.len;
+    // SAFETY: fl is a valid, writable flock structure that outlives the call.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl) })?;
+    Ok(RangeLock {
+        typ: fl.l_type as i16,
+        start: fl.l_start,
+        len: fl.l_len,
+        pid: fl.l_pid,
+    })
+}
+
+/// What a GETLK returned: the conflicting lock, or None for F_UNLCK.
+pub fn conflicting(l: RangeLock) -> Option<RangeLock> {
+    (l.typ as i32 != libc::F_UNLCK as i32).then_some(l)
 }
 
 /// flock(2) with LOCK_NB: never waits; EAGAIN when another open file description holds a
