@@ -106,12 +106,7 @@ impl MountDir {
             // first use too (a listing right after the mount) goes through the clone: held
             // by path for the whole listing, it made a guest's umount right after its first
             // walk fail with EBUSY now and then (vm.rs's fstab test, once in two suite runs).
-            let by_path = std::fs::File::options()
-                .read(true)
-                .custom_flags(flags)
-                .open(&self.path)
-                .ok();
-            if let Some(dir) = by_path {
+            if let Some(dir) = self.open_by_path(flags) {
                 self.is_the_mount(dir.as_fd());
             }
         }
@@ -128,6 +123,11 @@ impl MountDir {
             return Some(unsafe { std::fs::File::from_raw_fd(fd) });
         }
         drop(clone);
+        self.open_by_path(flags)
+    }
+
+    /// Opens the root with `flags` through the user's mount, by its path.
+    fn open_by_path(&self, flags: i32) -> Option<std::fs::File> {
         std::fs::File::options()
             .read(true)
             .custom_flags(flags)
@@ -204,11 +204,7 @@ impl MountDir {
         if *state != DirState::Open {
             return None;
         }
-        let dir = std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(&self.path)
-            .ok()?;
+        let dir = self.open_by_path(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)?;
         if !self.is_the_mount(dir.as_fd()) {
             return None;
         }
