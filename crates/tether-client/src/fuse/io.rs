@@ -247,14 +247,11 @@ impl TetherFs {
             reply.error(Errno::ENOSYS);
             return;
         }
-        let wb = self.write_behind.clone();
-        let answer = move || match wb.take_error(ino) {
-            Some(e) => reply.error(errno(e)),
-            None => reply.ok(),
-        };
-        if let Err(now) = self.write_behind.after_writes(ino, Box::new(answer)) {
-            now();
-        }
+        self.write_behind
+            .when_written(ino, move |error| match error {
+                Some(e) => reply.error(errno(e)),
+                None => reply.ok(),
+            });
     }
 
     /// No ioctl reaches the host: answered here as a local file system answers one it does

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tether_proto::{NodeId, WireErrno};
@@ -128,6 +128,26 @@ impl WriteBehind {
             }
             _ => Err(then),
         }
+    }
+
+    /// For a FLUSH: runs `then` with the file's first unreported error (taken), once every
+    /// write to `node` in flight now is answered by the server (on the thread that handles
+    /// the last reply), or at once when none is.
+    pub fn when_written(
+        self: &Arc<Self>,
+        node: NodeId,
+        then: impl FnOnce(Option<WireErrno>) + Send + 'static,
+    ) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(w) = s.per_node.get_mut(&node).filter(|w| w.begun > w.finished) {
+            let (me, target) = (self.clone(), w.begun);
+            w.waiting
+                .push((target, Box::new(move || then(me.take_error(node)))));
+            return;
+        }
+        let error = s.errors.remove(&node);
+        drop(s);
+        then(error);
     }
 
     /// Counts a write of `len` bytes to `node` as in flight, if it may be answered early
@@ -298,6 +318,34 @@ mod tests {
         wb.finish(NodeId::new(3), 10, Ok(10));
         assert!(ran.load(Ordering::SeqCst));
         assert!(!wb.writing(NodeId::new(3)));
+    }
+
+    /// A FLUSH with nothing in flight gets the file's error at once; one with writes in
+    /// flight gets the error of those writes once the last is answered, and only once.
+    #[test]
+    fn a_flush_gets_the_error_of_the_writes_before_it() {
+        use std::sync::Mutex;
+        let wb = Arc::new(WriteBehind::new(true));
+        let (a, b) = (NodeId::new(8), NodeId::new(9));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let record = |got: &Arc<Mutex<Vec<_>>>| {
+            let got = got.clone();
+            move |e| got.lock().unwrap().push(e)
+        };
+        assert!(wb.begin(a, 10) && wb.begin(b, 10));
+        assert!(wb.finish(a, 10, Err(WireErrno::EIO)));
+        wb.when_written(a, record(&got));
+        wb.when_written(a, record(&got));
+        assert_eq!(*got.lock().unwrap(), [Some(WireErrno::EIO), None]);
+        wb.when_written(b, record(&got));
+        assert_eq!(
+            got.lock().unwrap().len(),
+            2,
+            "b's write is still on its way"
+        );
+        assert!(wb.finish(b, 10, Err(WireErrno::ENOSPC)));
+        assert_eq!(got.lock().unwrap()[2], Some(WireErrno::ENOSPC));
+        assert_eq!(wb.take_error(b), None, "the flush took it");
     }
 
     #[test]
