@@ -7,7 +7,11 @@
 //! pages that are missing (about 20x native for `dd_read_1k`, bench/journal/2026-11-24-fewer-round-trips.md). The data
 //! is on the server already (writes are write-through), so such pages are worth nothing:
 //! when the kernel reads one, the other partly written pages of that file are invalidated,
-//! and readahead fetches them in large requests.
+//! and readahead fetches them in large requests. A writer that has moved on more than
+//! [`DROP_BEHIND`] past its first partly written page has its pages behind it dropped at
+//! once: in a VM guest the drop of a whole file's run at its first read lost the race with
+//! the reader, which fetched page after page one READ at a time (`dd_read_1k` 8.5x the
+//! guest's disk, against 0.9x for `dd_read_4k`).
 //!
 //! The invalidation runs on a thread of its own: it locks the pages, and a request handler
 //! must never wait for a page the kernel may hold locked for that very request.
@@ -23,6 +27,9 @@ use tether_proto::NodeId;
 use crate::cache::coherence::Coherence;
 
 const PAGE: u64 = 4096;
+
+/// How far a writer may move past its partly written pages before they are dropped.
+const DROP_BEHIND: u64 = 64 * PAGE;
 
 /// A node's partly written pages: the span from the first to the end of the last.
 type Span = (u64, u64);
@@ -61,10 +68,23 @@ impl PartialPages {
             return; // whole pages only: the kernel marked them up to date
         };
         let span = (lo - lo % PAGE, hi - hi % PAGE + PAGE);
+        // The pages of this write are the kernel's (locked) until it is answered: only
+        // those before its first may be dropped now.
+        let here = offset - offset % PAGE;
+        let mut behind = None;
         self.spans
             .entry(node)
-            .and_modify(|s| *s = (s.0.min(span.0), s.1.max(span.1)))
+            .and_modify(|s| {
+                *s = (s.0.min(span.0), s.1.max(span.1));
+                if here >= s.0 + DROP_BEHIND {
+                    behind = Some((s.0, here));
+                    s.0 = here;
+                }
+            })
             .or_insert(span);
+        if let (Some(part), Some(tx)) = (behind, self.drop_tx.get()) {
+            let _ = tx.send((node, part));
+        }
     }
 
     /// The kernel reads `len` bytes at `offset` of `node`: if that is one of its partly
@@ -133,6 +153,32 @@ mod tests {
         // Once: the pages read back since are up to date.
         p.reading(NodeId::new(7), 8192, 4096);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn pages_a_writer_left_far_behind_are_dropped_without_waiting_for_a_read() {
+        let (p, rx) = recording();
+        let node = NodeId::new(5);
+        let mut offset = 0;
+        while offset < DROP_BEHIND {
+            p.written(node, offset, 1024);
+            offset += 1024;
+        }
+        assert!(rx.try_recv().is_err(), "the writer is still near them");
+        p.written(node, offset, 1024);
+        assert_eq!(rx.try_recv(), Ok((node, (0, DROP_BEHIND))));
+        assert_eq!(
+            p.spans.get(&node).map(|s| *s),
+            Some((DROP_BEHIND, DROP_BEHIND + PAGE))
+        );
+        // A write back near the start makes the run whole again, without a drop: the
+        // pages of the write itself are not the client's to drop yet.
+        p.written(node, 1024, 1024);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(
+            p.spans.get(&node).map(|s| *s),
+            Some((0, DROP_BEHIND + PAGE))
+        );
     }
 
     #[test]
