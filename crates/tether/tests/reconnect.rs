@@ -205,17 +205,8 @@ fn a_server_that_stops_answering_gives_eio_after_the_timeout() {
     require_mount!();
     let tm = TestMount::start_with(&[], &["--timeout", "1.5"]);
     fs::write(tm.export.join("f"), b"x").unwrap();
-    let pid = tm.server.child.id() as i32;
-    // SAFETY: signalling our own child; it is continued below, also if the test fails.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    struct Continue(i32);
-    impl Drop for Continue {
-        fn drop(&mut self) {
-            // SAFETY: as above.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    let resume = Continue(pid);
+    // Continued below, also if the test fails.
+    let resume = common::Stopped::stop(tm.server.child.id() as i32);
     // The connection stays open, but nothing answers: no endless hang.
     assert_eio_after_the_timeout(&tm.mnt, 1.5);
     drop(resume);

@@ -177,7 +177,7 @@ fn close_returns_once_the_host_has_every_write_answered_early() {
     let mut t = TestMount::start_with(&[], &["--writes=behind"]);
     let f = File::create(t.mnt.join("last")).unwrap();
     let server = t.server.child.id() as i32;
-    let resume = stop(server);
+    let resume = common::Stopped::stop(server);
     // Answered early: they return while the server is stopped.
     let expected = write_blocks(&f, 25);
     let (closed_tx, closed) = std::sync::mpsc::channel();
@@ -242,7 +242,8 @@ fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
         return;
     }
     let mut t = TestMount::start_with(&[], &["--writes=behind"]);
-    let (f, next_server, _resume) = open_and_stop_the_server(&t, b"");
+    let (f, next_server, _resume) = open_and_stop_the_server(&t, b"host\n");
+    // Over the host's 5 bytes, and past them.
     let expected = write_blocks(&f, 8);
     t.server.stop_with(libc::SIGKILL);
     t.server = next_server.start();
@@ -253,20 +254,27 @@ fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
     );
 }
 
-/// Makes the host file `f` with `content`, readies the server that will replace `t`'s
-/// (before the file is open: see `Server::prepare`), opens `f` for writing through the
-/// mount and stops the server: writes through the file are then answered early and wait.
+/// Makes the host file `f` with `content` (not empty), readies the server that will
+/// replace `t`'s (before the file is open: see `Server::prepare`), opens `f` for writing
+/// through the mount and stops the server: writes through the file are then answered early
+/// and wait.
 fn open_and_stop_the_server(
     t: &TestMount,
     content: &[u8],
-) -> (File, common::PreparedServer, Resume) {
+) -> (File, common::PreparedServer, common::Stopped) {
     fs::write(t.export.join("f"), content).unwrap();
     let next_server = common::Server::prepare(&t.export, &t.server.address);
     let f = OpenOptions::new()
         .write(true)
         .open(t.mnt.join("f"))
         .unwrap();
-    let resume = stop(t.server.child.id() as i32);
+    // The kernel's first write to a file asks whether it has a capability to drop
+    // (GETXATTR security.capability), which for a file the host made goes to the server:
+    // asked now, with the same content written again and synced, and not by the first
+    // write under test, which would wait for the stopped server's timeout and reconnect.
+    std::os::unix::fs::FileExt::write_all_at(&f, content, 0).unwrap();
+    f.sync_all().unwrap();
+    let resume = common::Stopped::stop(t.server.child.id() as i32);
     (f, next_server, resume)
 }
 
@@ -289,35 +297,6 @@ fn close(f: File) -> Result<(), i32> {
     match unsafe { libc::close(fd) } {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
-    }
-}
-
-/// Stops our child process `pid` (SIGSTOP) and returns once every thread of it is stopped,
-/// with what continues it when dropped.
-fn stop(pid: i32) -> Resume {
-    // SAFETY: signalling the test's own child; Resume's Drop continues it.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let resume = Resume(pid);
-    let stopped = || {
-        let tasks = fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-        tasks.map(|t| t.unwrap().path().join("stat")).all(|stat| {
-            // "pid (comm) STATE ...": the state follows the last ')'.
-            let s = fs::read_to_string(stat).unwrap_or_default();
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T'))
-        })
-    };
-    common::wait_until("the server stops", Duration::from_secs(5), stopped);
-    resume
-}
-
-/// Continues a stopped process when dropped (also when the test fails).
-struct Resume(i32);
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        // SAFETY: signalling the test's own child.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
 
@@ -459,7 +438,7 @@ fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_t
 
 /// Makes directory `d` in the mount with spares at hand for it, then stops the server
 /// (SIGSTOP). Returns the directory, and what continues the server when dropped.
-fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, Resume) {
+fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, common::Stopped) {
     let dir = t.mnt.join("d");
     fs::create_dir(&dir).unwrap();
     // The first creations ask for spares: wait until they came and the last creation's
@@ -474,7 +453,7 @@ fn stop_the_server_with_spares_at_hand(t: &TestMount) -> (std::path::PathBuf, Re
     // have it do so now, while the server still answers.
     let _ = fs::metadata(dir.join("x"));
     let server = t.server.child.id() as i32;
-    (dir, stop(server))
+    (dir, common::Stopped::stop(server))
 }
 
 /// Opens `path` with `open` (a creation) and writes `data` to it on a thread of its own,

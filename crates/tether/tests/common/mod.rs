@@ -329,6 +329,53 @@ pub fn poll_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// A child process of the test stopped with SIGSTOP, continued with SIGCONT when dropped
+/// (also when the test fails), unless it has exited meanwhile: its pid may then belong to a
+/// later process, another test's stopped server among them, which must not be continued.
+pub struct Stopped {
+    pid: i32,
+    /// The process's start time (/proc/PID/stat), which a later holder of the pid lacks.
+    started: Option<String>,
+}
+
+impl Stopped {
+    /// Stops our child `pid` and returns once every thread of it is stopped.
+    pub fn stop(pid: i32) -> Stopped {
+        let started = proc_stat_field(pid, 22);
+        // SAFETY: signalling the test's own child; Drop continues it.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let stopped = Stopped { pid, started };
+        let all_stopped = || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+            tasks.map(|t| t.unwrap().path().join("stat")).all(|stat| {
+                // "pid (comm) STATE ...": the state follows the last ')'.
+                let s = std::fs::read_to_string(stat).unwrap_or_default();
+                s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('T'))
+            })
+        };
+        wait_until("the process stops", Duration::from_secs(5), all_stopped);
+        stopped
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if self.started.is_some() && proc_stat_field(self.pid, 22) == self.started {
+            // SAFETY: signalling the process this value stopped, seen still there.
+            unsafe { libc::kill(self.pid, libc::SIGCONT) };
+        }
+    }
+}
+
+/// Field `n` (1-based, as proc(5) numbers them) of /proc/`pid`/stat.
+fn proc_stat_field(pid: i32, n: usize) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields 1 and 2 are "pid (comm)"; the comm may hold spaces and parentheses.
+    let (_, rest) = s.rsplit_once(") ")?;
+    rest.split_whitespace().nth(n - 3).map(str::to_string)
+}
+
 /// [`poll_until`] that fails the test, saying what did not happen within `within`.
 pub fn wait_until(what: &str, within: Duration, done: impl FnMut() -> bool) {
     assert!(
