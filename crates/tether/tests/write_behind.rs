@@ -14,6 +14,15 @@ use std::time::Duration;
 
 use common::{skipped_with, TestMount, Tmpfs};
 
+/// These tests hold files of a mount open while a server fails. A process another test of
+/// this binary starts meanwhile is forked with copies of those descriptors, and their close
+/// at its exec is a close of the file (a FLUSH), which may take the error meant for the
+/// test's own close() or fsync() (docs/coherence.md, "Write-behind"): one test at a time.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Write-behind is for written-through mounts: the writeback cache has nothing to check here.
 fn skipped_with_the_writeback_cache() -> bool {
     skipped_with("--writes=writeback")
@@ -46,6 +55,7 @@ fn write_behind_count(mnt: &Path, label: &str) -> u64 {
 #[test]
 fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() {
         return;
     }
@@ -109,6 +119,7 @@ fn a_write_answered_early_is_seen_by_the_next_request_and_reaches_the_host() {
 #[test]
 fn a_write_the_server_fails_after_answering_reaches_the_next_write_or_fsync() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() {
         return;
     }
@@ -171,6 +182,7 @@ fn a_write_the_server_fails_after_answering_reaches_the_next_write_or_fsync() {
 #[test]
 fn close_returns_once_the_host_has_every_write_answered_early() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
@@ -209,6 +221,7 @@ fn close_returns_once_the_host_has_every_write_answered_early() {
 #[test]
 fn a_server_killed_between_write_and_close_makes_close_fail() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
@@ -238,6 +251,7 @@ fn a_server_killed_between_write_and_close_makes_close_fail() {
 #[test]
 fn writes_answered_early_reach_a_restarted_server_before_close_returns() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() || skipped_with("--writes=through") {
         return;
     }
@@ -305,6 +319,7 @@ fn close(f: File) -> Result<(), i32> {
 #[test]
 fn by_default_no_write_is_answered_early() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache()
         || skipped_with("--writes=behind")
         || skipped_with("--writes=create-behind")
@@ -336,6 +351,7 @@ fn by_default_no_write_is_answered_early() {
 fn files_created_before_the_server_named_them_are_on_the_host_as_the_guest_saw_them() {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() {
         return;
     }
@@ -489,6 +505,7 @@ fn create_and_write_early(
 #[test]
 fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_file() {
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() {
         return;
     }
@@ -522,6 +539,7 @@ fn a_creation_the_server_refuses_after_answering_reports_it_and_shows_the_hosts_
 fn a_creation_the_server_was_killed_before_naming_is_made_after_the_restart() {
     use std::io::Write;
     require_mount!();
+    let _one_at_a_time = one_at_a_time();
     if skipped_with_the_writeback_cache() {
         return;
     }

@@ -172,7 +172,7 @@ impl TetherFs {
     ) {
         let (co, known_attrs) = (self.co.clone(), self.known_attrs.clone());
         let (fallback, conn, caller) = (self.cache.attr_ttl, self.conn.clone(), req.caller());
-        let then = Box::new(move || {
+        let then = Box::new(move |_| {
             let now = co.now();
             if let Some(a) = known_attrs.get(node, &co) {
                 let ttl = ttl_for(&co, fallback, node, None, now);
@@ -185,7 +185,7 @@ impl TetherFs {
             conn.defer(caller, msg, Some(Box::new(on_outcome(reply, answer))));
         });
         if let Err(then) = self.write_behind.after_writes(node, then) {
-            then();
+            then(None);
         }
     }
 }

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tether_proto::{NodeId, WireErrno};
@@ -37,8 +37,17 @@ pub struct Counters {
     pub failed_later: AtomicU64,
 }
 
-/// Runs once the writes to a file in flight when it was registered are answered.
-pub type AfterWrites = Box<dyn FnOnce() + Send>;
+/// Runs once the writes to a file in flight when it was registered are answered, with
+/// the file's first error among them (if any).
+pub type AfterWrites = Box<dyn FnOnce(Option<WireErrno>) + Send>;
+
+/// What waits for a file's writes: until `finished` reaches `target`; `reports` if it
+/// gives their error to a caller (a FLUSH), which then is not kept for the next one.
+struct Waiter {
+    target: u64,
+    reports: bool,
+    then: AfterWrites,
+}
 
 /// A file's early-answered writes: how many were sent and answered, and what waits for
 /// some of them.
@@ -48,7 +57,7 @@ struct NodeWrites {
     finished: u64,
     /// Each waits until `finished` reaches its number: the writes before it, not those a
     /// steady writer keeps adding (a `stat` during a long `dd` must not wait for its end).
-    waiting: Vec<(u64, AfterWrites)>,
+    waiting: Vec<Waiter>,
 }
 
 #[derive(Default)]
@@ -123,7 +132,11 @@ impl WriteBehind {
         match s.per_node.get_mut(&node) {
             Some(w) if w.begun > w.finished => {
                 let target = w.begun;
-                w.waiting.push((target, then));
+                w.waiting.push(Waiter {
+                    target,
+                    reports: false,
+                    then,
+                });
                 Ok(())
             }
             _ => Err(then),
@@ -132,17 +145,22 @@ impl WriteBehind {
 
     /// For a FLUSH: runs `then` with the file's first unreported error (taken), once every
     /// write to `node` in flight now is answered by the server (on the thread that handles
-    /// the last reply), or at once when none is.
+    /// the last reply), or at once when none is. Every FLUSH waiting for the same writes
+    /// gets their error: the writer's close() may wait beside another of the file, such as
+    /// a forked child's close of its copy of the descriptor at exec.
     pub fn when_written(
-        self: &Arc<Self>,
+        &self,
         node: NodeId,
         then: impl FnOnce(Option<WireErrno>) + Send + 'static,
     ) {
         let mut s = self.state.lock().unwrap();
         if let Some(w) = s.per_node.get_mut(&node).filter(|w| w.begun > w.finished) {
-            let (me, target) = (self.clone(), w.begun);
-            w.waiting
-                .push((target, Box::new(move || then(me.take_error(node)))));
+            let target = w.begun;
+            w.waiting.push(Waiter {
+                target,
+                reports: true,
+                then: Box::new(then),
+            });
             return;
         }
         let error = s.errors.remove(&node);
@@ -195,21 +213,6 @@ impl WriteBehind {
         let mut s = self.state.lock().unwrap();
         s.bytes -= len as u64;
         s.ops -= 1;
-        let mut waited = Vec::new();
-        if let Some(w) = s.per_node.get_mut(&node) {
-            // Replies come in the order the writes went out: the answered ones are a prefix.
-            w.finished += 1;
-            let finished = w.finished;
-            let (ready, rest): (Vec<_>, Vec<_>) = w
-                .waiting
-                .drain(..)
-                .partition(|(target, _)| *target <= finished);
-            w.waiting = rest;
-            waited = ready.into_iter().map(|(_, then)| then).collect();
-            if w.begun == w.finished && w.waiting.is_empty() {
-                s.per_node.remove(&node);
-            }
-        }
         if let Some(e) = error {
             s.errors.entry(node).or_insert(e);
             self.counters.failed_later.fetch_add(1, Ordering::Relaxed);
@@ -224,12 +227,33 @@ impl WriteBehind {
                  write to the file or fsync() gets the error, and the guest's copy is dropped"
             );
         }
+        let mut waited = Vec::new();
+        if let Some(w) = s.per_node.get_mut(&node) {
+            // Replies come in the order the writes went out: the answered ones are a prefix.
+            w.finished += 1;
+            let finished = w.finished;
+            let (ready, rest): (Vec<_>, Vec<_>) = w
+                .waiting
+                .drain(..)
+                .partition(|waiter| waiter.target <= finished);
+            w.waiting = rest;
+            waited = ready;
+            if w.begun == w.finished && w.waiting.is_empty() {
+                s.per_node.remove(&node);
+            }
+        }
+        // Given to every waiter at once; kept for the next caller unless one reports it.
+        let waited_error = if waited.iter().any(|waiter| waiter.reports) {
+            s.errors.remove(&node)
+        } else {
+            s.errors.get(&node).copied()
+        };
         if s.ops == 0 {
             self.drained.notify_all();
         }
         drop(s);
-        for then in waited {
-            then();
+        for waiter in waited {
+            (waiter.then)(waited_error);
         }
         error.is_some()
     }
@@ -297,7 +321,7 @@ mod tests {
         use std::sync::Arc;
         let wb = WriteBehind::new(true);
         assert!(
-            wb.after_writes(NodeId::new(3), Box::new(|| ())).is_err(),
+            wb.after_writes(NodeId::new(3), Box::new(|_| ())).is_err(),
             "nothing in flight"
         );
         assert!(
@@ -307,7 +331,7 @@ mod tests {
         );
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        let then = Box::new(move || r.store(true, Ordering::SeqCst));
+        let then = Box::new(move |_| r.store(true, Ordering::SeqCst));
         assert!(wb.after_writes(NodeId::new(3), then).is_ok());
         wb.finish(NodeId::new(3), 10, Ok(10));
         wb.finish(NodeId::new(4), 10, Ok(10));
@@ -324,7 +348,7 @@ mod tests {
     /// flight gets the error of those writes once the last is answered, and only once.
     #[test]
     fn a_flush_gets_the_error_of_the_writes_before_it() {
-        use std::sync::Mutex;
+        use std::sync::{Arc, Mutex};
         let wb = Arc::new(WriteBehind::new(true));
         let (a, b) = (NodeId::new(8), NodeId::new(9));
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -337,15 +361,17 @@ mod tests {
         wb.when_written(a, record(&got));
         wb.when_written(a, record(&got));
         assert_eq!(*got.lock().unwrap(), [Some(WireErrno::EIO), None]);
+        // Two closes of b wait for its write (the writer's, and a forked child's of its
+        // copy of the descriptor): both get the error, which is then reported.
         wb.when_written(b, record(&got));
-        assert_eq!(
-            got.lock().unwrap().len(),
-            2,
-            "b's write is still on its way"
-        );
+        wb.when_written(b, record(&got));
+        assert_eq!(got.lock().unwrap().len(), 2, "b's write is on its way");
         assert!(wb.finish(b, 10, Err(WireErrno::ENOSPC)));
-        assert_eq!(got.lock().unwrap()[2], Some(WireErrno::ENOSPC));
-        assert_eq!(wb.take_error(b), None, "the flush took it");
+        assert_eq!(
+            got.lock().unwrap()[2..],
+            [Some(WireErrno::ENOSPC), Some(WireErrno::ENOSPC)]
+        );
+        assert_eq!(wb.take_error(b), None, "the flushes took it");
     }
 
     #[test]
@@ -359,7 +385,7 @@ mod tests {
         assert!(wb
             .after_writes(
                 NodeId::new(5),
-                Box::new(move || r.store(true, Ordering::SeqCst))
+                Box::new(move |_| r.store(true, Ordering::SeqCst))
             )
             .is_ok());
         // A steady writer: the file always has a write in flight.
