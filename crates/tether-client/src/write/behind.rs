@@ -128,19 +128,7 @@ impl WriteBehind {
     /// Runs `then` once every write to `node` in flight now is answered by the server (on
     /// the thread that handles the reply), or gives it back when none is.
     pub fn after_writes(&self, node: NodeId, then: AfterWrites) -> Result<(), AfterWrites> {
-        let mut s = self.state.lock().unwrap();
-        match s.per_node.get_mut(&node) {
-            Some(w) if w.begun > w.finished => {
-                let target = w.begun;
-                w.waiting.push(Waiter {
-                    target,
-                    reports: false,
-                    then,
-                });
-                Ok(())
-            }
-            _ => Err(then),
-        }
+        self.wait(node, false, then).map_err(|(then, _)| then)
     }
 
     /// For a FLUSH: runs `then` with the file's first unreported error (taken), once every
@@ -153,19 +141,35 @@ impl WriteBehind {
         node: NodeId,
         then: impl FnOnce(Option<WireErrno>) + Send + 'static,
     ) {
+        if let Err((then, error)) = self.wait(node, true, Box::new(then)) {
+            then(error);
+        }
+    }
+
+    /// Queues `then` behind the writes to `node` in flight now; with none, gives it back,
+    /// with the file's error taken if `reports`.
+    fn wait(
+        &self,
+        node: NodeId,
+        reports: bool,
+        then: AfterWrites,
+    ) -> Result<(), (AfterWrites, Option<WireErrno>)> {
         let mut s = self.state.lock().unwrap();
         if let Some(w) = s.per_node.get_mut(&node).filter(|w| w.begun > w.finished) {
             let target = w.begun;
             w.waiting.push(Waiter {
                 target,
-                reports: true,
-                then: Box::new(then),
+                reports,
+                then,
             });
-            return;
+            return Ok(());
         }
-        let error = s.errors.remove(&node);
-        drop(s);
-        then(error);
+        let error = if reports {
+            s.errors.remove(&node)
+        } else {
+            None
+        };
+        Err((then, error))
     }
 
     /// Counts a write of `len` bytes to `node` as in flight, if it may be answered early
