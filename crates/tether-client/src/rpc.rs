@@ -938,9 +938,11 @@ impl Connection {
             }
         };
         self.pending.insert(id, pending);
+        // Counted before it goes: counted after, its reply could reach the kernel, and the
+        // caller read `tether status`, before the count did.
+        self.stats.count(req.op() as u16);
         if writer.write_all(&req.to_frame(id, caller)).is_ok() {
             tracing::trace!(target: "tether::lat", id, op = req.op() as u16, "request sent");
-            self.stats.count(req.op() as u16);
             return;
         }
         // Not (wholly) sent. The reader sees the end of this connection soon (after a
